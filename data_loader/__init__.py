@@ -1,0 +1,1 @@
+"""Data loaders selectable by name in config: data_loader.type."""

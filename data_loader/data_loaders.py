@@ -1,0 +1,133 @@
+"""The data loaders a config can name in data_loader.type."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from torch.utils.data import Dataset
+from torchvision import datasets
+
+from base import BaseDataLoader
+from base.base_data_loader import DataError
+from data_loader.synthetic import SyntheticShapes
+from data_loader.transforms import PRESETS, STATS, cifar_transform
+
+__all__ = ["Cifar10DataLoader", "ImageFolderDataLoader", "SyntheticDataLoader"]
+
+
+class Cifar10DataLoader(BaseDataLoader):
+    """torchvision's CIFAR-10: 50,000 training images ("train") and the 10,000 test images ("test")."""
+
+    splits = ("train", "test")
+
+    def __init__(self, data_dir: str, *, download: bool = True, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.data_dir = Path(data_dir)
+        self.download = download
+        self.mean, self.std = STATS["cifar"]
+
+    def load_split(self, split: str) -> Dataset:
+        try:
+            return datasets.CIFAR10(self.data_dir, train=split == "train", download=self.download)
+        except Exception as error:  # no network, a corrupt archive, a read-only folder...
+            reason = (
+                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            )
+            raise DataError(
+                f"CIFAR-10 not found in {self.data_dir / 'cifar-10-batches-py'} and could not be "
+                f"downloaded ({reason}). Fix: download cifar-10-python.tar.gz from "
+                "https://www.cs.toronto.edu/~kriz/cifar.html and extract it into "
+                f"{self.data_dir}, or point data_loader.args.data_dir at a copy. "
+                "Offline: python train.py -c configs/demo.json"
+            ) from None
+
+    def transform(self, augment: bool) -> Callable:
+        return cifar_transform(augment)
+
+    def class_names(self) -> list[str]:
+        return list(self.dataset("train").classes)
+
+
+class ImageFolderDataLoader(BaseDataLoader):
+    """ImageNet-style folders: data_dir/train/<class>/*, data_dir/val/<class>/*, optional test/.
+
+    preset "imagenet" (RandomResizedCrop + flip; Resize + CenterCrop for evaluation, at
+    image_size, default 224) or "cifar" (crop with padding + flip, 32x32 unless image_size says).
+    The "test" split is test/ when present, else val/.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        preset: str = "imagenet",
+        image_size: int | None = None,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(**kwargs)
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+        self.data_dir = Path(data_dir)
+        self.preset = preset
+        self.image_size = image_size or (224 if preset == "imagenet" else 32)
+        self.mean, self.std = STATS[preset]
+        if not (self.data_dir / "train").is_dir():
+            raise DataError(
+                f"{self.data_dir / 'train'}: folder not found; expected "
+                f"{self.data_dir}/train/<class>/<image> (and val/<class>/<image>)"
+            )
+        present = [split for split in ("train", "val", "test") if (self.data_dir / split).is_dir()]
+        # test.py's default split: test/ when it exists, else val/.
+        self.splits = (
+            (*present, "test") if "test" not in present and "val" in present else tuple(present)
+        )
+
+    def load_split(self, split: str) -> Dataset:
+        folder = self.data_dir / split
+        if split == "test" and not folder.is_dir():
+            folder = self.data_dir / "val"
+        try:
+            dataset = datasets.ImageFolder(folder)
+        except (FileNotFoundError, OSError) as error:
+            raise DataError(f"{folder}: {error}") from None
+        if split != "train" and dataset.classes != self.dataset("train").classes:
+            raise DataError(
+                f"{folder}: its class folders {dataset.classes} differ from those of "
+                f"{self.data_dir / 'train'}"
+            )
+        return dataset
+
+    def transform(self, augment: bool) -> Callable:
+        return PRESETS[self.preset](augment, self.image_size)
+
+    def class_names(self) -> list[str]:
+        return list(self.dataset("train").classes)
+
+
+class SyntheticDataLoader(BaseDataLoader):
+    """Offline CIFAR-shaped data (3x32x32, 10 classes): see data_loader/synthetic.py.
+
+    The training and test splits are drawn from different seeds derived from data_seed,
+    which is separate from the run's seed so that changing the seed keeps the data.
+    """
+
+    splits = ("train", "test")
+
+    def __init__(
+        self, *, num_train: int = 5000, num_test: int = 1000, data_seed: int = 0, **kwargs: object
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, value in (("num_train", num_train), ("num_test", num_test)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.sizes = {"train": num_train, "test": num_test}
+        self.data_seed = data_seed
+        self.mean, self.std = STATS["cifar"]
+
+    def load_split(self, split: str) -> Dataset:
+        return SyntheticShapes(self.sizes[split], seed=[self.data_seed, self.splits.index(split)])
+
+    def transform(self, augment: bool) -> Callable:
+        return cifar_transform(augment)
+
+    def class_names(self) -> list[str]:
+        return list(SyntheticShapes.classes)

@@ -1,0 +1,1 @@
+"""Models, losses and metrics selectable by name in config."""

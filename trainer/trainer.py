@@ -1,0 +1,210 @@
+"""The training step and the evaluation loop, in plain torch."""
+
+import itertools
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torchvision
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from base import BaseDataLoader, BaseTrainer
+from base.base_data_loader import DataError
+from utils.distributed import all_reduce_sum
+
+MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Trainer(BaseTrainer):
+    """Trains a classifier: loss and metrics accumulate on the device and are read once per
+    log_step steps and once per epoch, so the loop never waits on the GPU in between."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        metric_fns: dict[str, MetricFn],
+        optimizer: torch.optim.Optimizer,
+        *,
+        config: Any,
+        device: torch.device,
+        data: BaseDataLoader,
+        lr_scheduler: Any = None,
+        logger: logging.Logger | None = None,
+        rank: int = 0,
+    ) -> None:
+        super().__init__(
+            model,
+            optimizer,
+            config=config,
+            device=device,
+            lr_scheduler=lr_scheduler,
+            logger=logger,
+            rank=rank,
+        )
+        self.criterion = criterion
+        self.metric_fns = metric_fns
+        self.data = data
+        self.train_loader = data.train_loader()
+        self.val_loader = data.val_loader()
+        if len(self.train_loader) == 0:
+            raise DataError("the training split is empty: nothing to train on")
+        if self.val_loader is not None and len(self.val_loader.sampler) == 0:
+            raise DataError("the validation split is empty: lower validation_split or add data")
+        if self.monitor.key.startswith("val/") and self.val_loader is None:
+            raise DataError(
+                f"trainer.monitor watches {self.monitor.key} but there is no validation data: "
+                "set data_loader.args.validation_split or monitor a train/ metric"
+            )
+        # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
+        self.len_epoch = config["trainer"]["len_epoch"] or len(self.train_loader)
+        self.log_step = config["trainer"]["log_step"]
+        self.step_scheduler_per_batch = (
+            lr_scheduler is not None and config["lr_scheduler"]["interval"] == "step"
+        )
+
+    def on_train_start(self) -> None:
+        model = getattr(self.model, "module", self.model)
+        self.logger.info("%s", model)
+        num_val = len(self.val_loader.sampler) if self.val_loader is not None else 0
+        self.logger.info(
+            "Data: %d training samples, %d validation samples, %d classes; %d batches of %d per epoch "
+            "on %s.",
+            len(self.train_loader.sampler),
+            num_val,
+            len(self.data.class_names()),
+            self.len_epoch,
+            self.train_loader.batch_size,
+            self.device,
+        )
+        self.logger.info("Outputs: %s and %s", self.checkpoint_dir, self.config.log_dir)
+        # One grid of (de-normalised) training inputs, so a user can see what the model sees.
+        dataset = self.train_loader.dataset
+        images = torch.stack([dataset[index][0] for index in range(min(32, len(dataset)))])
+        mean = torch.tensor(self.data.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.data.std).view(1, -1, 1, 1)
+        grid = torchvision.utils.make_grid((images * std + mean).clamp(0, 1), nrow=8)
+        self.writer.add_image("train/inputs", grid, self.start_epoch)
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.train()
+        # [loss sum, one sum per metric, sample count], accumulated on the device.
+        totals = torch.zeros(len(self.metric_fns) + 2, dtype=torch.float64, device=self.device)
+        logged = totals.clone()
+        start = time.perf_counter()
+        progress = tqdm(
+            total=self.len_epoch,
+            desc=f"epoch {epoch}/{self.epochs}",
+            disable=self.verbosity == 0 or self.rank != 0 or not sys.stderr.isatty(),
+            leave=False,
+        )
+        for step, (images, targets) in enumerate(self.epoch_batches(epoch), start=1):
+            images = images.to(self.device, non_blocking=True)  # (B, C, H, W)
+            targets = targets.to(self.device, non_blocking=True)  # (B,)
+            output = self.model(images)  # (B, num_classes)
+            loss = self.criterion(output, targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            if self.step_scheduler_per_batch:
+                self.lr_scheduler.step()
+            self.global_step += 1
+            with torch.no_grad():
+                totals += batch_sums(output, targets, loss, self.metric_fns)
+
+            if step % self.log_step == 0 or step == self.len_epoch:
+                # The only host-device sync inside the loop: once every log_step steps.
+                interval = (totals - logged).tolist()
+                logged = totals.clone()
+                interval_loss = interval[0] / interval[-1]
+                self.writer.add_scalar("train/step_loss", interval_loss, self.global_step)
+                progress.set_postfix(
+                    loss=f"{interval_loss:.4f}",
+                    samples_per_s=f"{totals[-1].item() / (time.perf_counter() - start):.0f}",
+                )
+                progress.update(step - progress.n)
+        progress.close()
+        return to_metrics(all_reduce_sum(totals), self.metric_fns, "train")
+
+    def validate(self) -> dict[str, float]:
+        if self.val_loader is None:
+            return {}
+        metrics, _ = evaluate(
+            self.model, self.val_loader, self.criterion, self.metric_fns, self.device, prefix="val"
+        )
+        del metrics["val/num_samples"]  # the same every epoch: logged once at the start
+        return metrics
+
+    def epoch_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Exactly len_epoch batches; a new pass, in its own (seed, epoch, pass) order, starts when
+        the loader runs out."""
+        for pass_index in itertools.count():
+            self.train_loader.sampler.set_epoch(epoch, pass_index)
+            yield from itertools.islice(
+                self.train_loader, self.len_epoch - pass_index * len(self.train_loader)
+            )
+            if (pass_index + 1) * len(self.train_loader) >= self.len_epoch:
+                return
+
+
+def batch_sums(
+    output: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, metric_fns: dict[str, MetricFn]
+) -> torch.Tensor:
+    """[loss * batch size, each metric's sum, batch size] for one batch, on the batch's device."""
+    batch_size = targets.new_tensor(targets.shape[0], dtype=torch.float64)
+    sums = [loss.detach().double() * batch_size]
+    sums += [metric_fn(output, targets).double() for metric_fn in metric_fns.values()]
+    return torch.stack([*sums, batch_size])
+
+
+def to_metrics(
+    totals: torch.Tensor, metric_fns: dict[str, MetricFn], prefix: str
+) -> dict[str, float]:
+    """Turn summed [loss, metrics..., count] into sample-weighted means: {"<prefix>/loss": ...}."""
+    values = totals.tolist()
+    num_samples = values[-1]
+    metrics = {f"{prefix}/loss": values[0] / num_samples}
+    for name, value in zip(metric_fns, values[1:-1], strict=True):
+        metrics[f"{prefix}/{name}"] = value / num_samples
+    metrics[f"{prefix}/num_samples"] = num_samples
+    return metrics
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    metric_fns: dict[str, MetricFn],
+    device: torch.device,
+    *,
+    prefix: str,
+    num_classes: int | None = None,
+) -> tuple[dict[str, float], torch.Tensor | None]:
+    """Loss and metrics over every sample of `loader` exactly once (summed over ranks).
+
+    Also returns per-class [correct, total] counts, shape (2, num_classes), when num_classes is given.
+    """
+    model.eval()
+    totals = torch.zeros(len(metric_fns) + 2, dtype=torch.float64, device=device)
+    per_class = (
+        torch.zeros(2, num_classes, dtype=torch.int64, device=device) if num_classes else None
+    )
+    for images, targets in loader:
+        images = images.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        output = model(images)
+        totals += batch_sums(output, targets, criterion(output, targets), metric_fns)
+        if per_class is not None:
+            correct = output.argmax(dim=1) == targets
+            per_class[0] += torch.bincount(targets[correct], minlength=num_classes)
+            per_class[1] += torch.bincount(targets, minlength=num_classes)
+    all_reduce_sum(totals)
+    if per_class is not None:
+        all_reduce_sum(per_class)
+    return to_metrics(totals, metric_fns, prefix), per_class

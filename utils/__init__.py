@@ -1,0 +1,22 @@
+"""Small helpers shared by train.py, test.py and the trainer."""
+
+from utils.checkpoint import load_checkpoint, save_checkpoint
+from utils.util import (
+    UserError,
+    derive_seed,
+    get_rng_state,
+    seed_everything,
+    select_device,
+    set_rng_state,
+)
+
+__all__ = [
+    "UserError",
+    "derive_seed",
+    "get_rng_state",
+    "load_checkpoint",
+    "save_checkpoint",
+    "seed_everything",
+    "select_device",
+    "set_rng_state",
+]

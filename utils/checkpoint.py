@@ -1,0 +1,98 @@
+"""Atomic checkpoint writes and safe, validated reads."""
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+import torch
+
+from utils.util import UserError
+
+# Keys every checkpoint written by this template has; a file without them is someone else's.
+REQUIRED_KEYS = ("model", "config", "epoch")
+
+
+class CheckpointError(UserError):
+    """A checkpoint file that is missing, unreadable, unsafe or not ours."""
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` in one step (temporary file, fsync, rename)."""
+    path = Path(path)
+    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(state: dict, path: Path) -> None:
+    """Write `state` to `path` atomically: a crash at any point leaves the old file intact.
+
+    The bytes go to a temporary file in the same folder (so the rename never crosses
+    file systems), are flushed and fsynced, and only then renamed onto `path`.
+    """
+    path = Path(path)
+    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    # Persist the rename itself: without this a power cut can forget the new directory entry.
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read a checkpoint with weights_only=True; refuse missing, corrupt, unsafe or foreign files."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        # weights_only refuses any pickled object that is not a tensor or built-in type,
+        # so a payload that would run code is rejected before anything executes.
+        reason = str(error).strip().splitlines()[0]
+        raise CheckpointError(
+            f"{path}: refused to load: it holds Python objects that weights_only loading "
+            f"does not allow ({reason}); only load checkpoints you trust with other tools"
+        ) from None
+    except Exception as error:  # zipfile, EOF and stream errors all mean a damaged file
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (truncated or corrupted?): {reason}"
+        ) from None
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        raise CheckpointError(
+            f"{path}: not a checkpoint written by this template "
+            f"(expected a dict with keys {', '.join(REQUIRED_KEYS)})"
+        )
+    return state
+
+
+def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
+    """Load state["model"] into `model` (unwrapped from DDP); a mismatch is a CheckpointError."""
+    model = getattr(model, "module", model)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        detail = " ".join(str(error).split())[:300]
+        arch = state["config"].get("arch", {}).get("type", "?")
+        raise CheckpointError(
+            f"{path}: its weights (arch {arch}) do not fit the configured model: {detail}"
+        ) from None
