@@ -1,0 +1,74 @@
+"""Shared fixtures: shrink the shipped configs and run the real entry points as subprocesses."""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_DIR = ROOT.parent / "shared" / "data" / "cifar10-sample"
+
+# Make the project importable from the tests, as train.py sees it.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(autouse=True)
+def _reset_torch_state():
+    """Tests that seed or change global torch settings do not leak into each other."""
+    rng_state = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    yield
+    torch.set_rng_state(rng_state)
+    torch.set_num_threads(threads)
+
+
+def shrink(config: dict, save_dir: Path) -> dict:
+    """The shipped config made tiny: 2 epochs of a few batches on CPU, outputs under save_dir."""
+    config = json.loads(json.dumps(config))
+    config["n_gpu"] = 0
+    config["trainer"].update(epochs=2, save_dir=str(save_dir), save_period=1, verbosity=1, log_step=2)
+    args = config["data_loader"]["args"]
+    args.update(batch_size=32, num_workers=0)
+    if config["data_loader"]["type"] == "SyntheticDataLoader":
+        args.update(num_train=320, num_test=96, validation_split=0.2)
+    if config["arch"]["type"] == "CifarCNN":
+        config["arch"]["args"].update(widths=[8, 16], convs_per_block=1)
+    return config
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Callable[..., Path]:
+    """make_config("configs/demo.json", **{"trainer.epochs": 3}) -> path of a shrunk copy in tmp_path."""
+
+    def make(name: str = "configs/demo.json", filename: str = "config.json", **overrides) -> Path:
+        config = shrink(json.loads((ROOT / name).read_text()), tmp_path / "saved")
+        for dotted, value in overrides.items():
+            node = config
+            *parents, last = dotted.split(".")
+            for key in parents:
+                node = node[key]
+            node[last] = value
+        path = tmp_path / filename
+        path.write_text(json.dumps(config, indent=4))
+        return path
+
+    return make
+
+
+def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python <args>` like a user would, on the CPU, and capture its output."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def checkpoint_dirs(save_dir: Path) -> list[Path]:
+    """Run folders under save_dir/models/<name>/."""
+    return sorted(path for path in (save_dir / "models").glob("*/*") if path.is_dir())
