@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 # Names skipped wherever they appear, and top-level paths skipped only at the root.
-IGNORED_NAMES = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".venv", "venv", ".mypy_cache"}
+IGNORED_NAMES = {
+    ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".venv", ".venv-ci", "venv"
+}  # fmt: skip
 IGNORED_AT_ROOT = {"saved", "data", "new_project.py"}
 
 
