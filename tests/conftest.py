@@ -32,7 +32,9 @@ def shrink(config: dict, save_dir: Path) -> dict:
     """The shipped config made tiny: 2 epochs of a few batches on CPU, outputs under save_dir."""
     config = json.loads(json.dumps(config))
     config["n_gpu"] = 0
-    config["trainer"].update(epochs=2, save_dir=str(save_dir), save_period=1, verbosity=1, log_step=2)
+    config["trainer"].update(
+        epochs=2, save_dir=str(save_dir), save_period=1, verbosity=1, log_step=2
+    )
     args = config["data_loader"]["args"]
     args.update(batch_size=32, num_workers=0)
     if config["data_loader"]["type"] == "SyntheticDataLoader":

@@ -110,7 +110,13 @@ def test_fine_tune_with_a_new_config_starts_a_new_run(trained_run: dict, make_co
         **{"optimizer": {"type": "SGD", "args": {"lr": 0.01, "momentum": 0.9}}, "trainer.epochs": 3}
     )
     result = run_script(
-        "train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"), "-c", str(config), "--run-id", "tuned"
+        "train.py",
+        "-r",
+        str(run_dir / "checkpoint-epoch2.pth"),
+        "-c",
+        str(config),
+        "--run-id",
+        "tuned",
     )
     assert result.returncode == 0, result.stderr
     assert "optimizer type changed (Adam -> SGD)" in result.stdout
@@ -122,7 +128,12 @@ def test_fine_tune_with_a_new_config_starts_a_new_run(trained_run: dict, make_co
 def test_iteration_based_epochs_and_save_period(make_config) -> None:
     # 8 batches per pass; len_epoch 13 spans two passes. save_period 2 of 3 epochs: 2 and the last.
     config = make_config(
-        **{"trainer.len_epoch": 13, "trainer.epochs": 3, "trainer.save_period": 2, "trainer.monitor": "off"}
+        **{
+            "trainer.len_epoch": 13,
+            "trainer.epochs": 3,
+            "trainer.save_period": 2,
+            "trainer.monitor": "off",
+        }
     )
     result = run_script("train.py", "-c", str(config), "--run-id", "iters")
     assert result.returncode == 0, result.stderr
@@ -154,7 +165,9 @@ def test_new_project_copy_runs_its_own_demo_and_tests(tmp_path: Path) -> None:
     )  # fmt: skip
     assert demo.returncode == 0, demo.stderr
     assert (target / "saved" / "models" / "Demo_CifarCNN" / "smoke" / "model_best.pth").is_file()
-    tests = run_script("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_model.py", cwd=target)
+    tests = run_script(
+        "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_model.py", cwd=target
+    )
     assert tests.returncode == 0, tests.stdout[-2000:]
     assert re.search(r"\d+ passed", tests.stdout)
 
