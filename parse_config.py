@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from utils import UserError
+from utils.checkpoint import latest_checkpoint
 
 REQUIRED = object()  # marks a key without a default
 
@@ -50,7 +51,11 @@ NON_NEGATIVE_NUMBER: Check = (lambda v: _is_number(v) and v >= 0, "a number >= 0
 BOOL: Check = (lambda v: isinstance(v, bool), "true or false")
 STRING: Check = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
 NAME: Check = (
-    lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9._-]+", v) is not None,
+    lambda v: (
+        isinstance(v, str)
+        and re.fullmatch(r"[A-Za-z0-9._-]+", v) is not None
+        and v not in (".", "..")
+    ),
     "a name of letters, digits, '.', '_' or '-' (it becomes a folder name)",
 )
 STRING_LIST: Check = (
@@ -88,6 +93,10 @@ TRAINER: dict[str, tuple[Any, Check]] = {
     "tensorboard": (True, BOOL),
     "len_epoch": (None, _optional(POSITIVE_INT)),
     "log_step": (10, POSITIVE_INT),
+    "keep_last": (None, _optional(POSITIVE_INT)),
+    "deterministic": (False, BOOL),
+    "nonfinite": ("stop", (lambda v: v in ("stop", "skip"), '"stop" or "skip"')),
+    "max_skipped_steps": (10, NON_NEGATIVE_INT),
 }
 
 # Arguments inside {"type", "args"} sections that are common enough to check up front.
@@ -303,6 +312,14 @@ class ConfigParser:
         """Build from train.py/test.py arguments: -c, -r, --run-id, the shortcuts and --set."""
         run_dir = None
         resume = Path(args.resume) if getattr(args, "resume", None) else None
+        if resume is not None and resume.is_dir():
+            # A run folder: resume from its newest checkpoint.
+            latest = latest_checkpoint(resume)
+            if latest is None:
+                raise ConfigError(
+                    f"{resume}: no complete checkpoint recorded in {resume / 'latest'}"
+                )
+            resume = latest
         if args.config:
             source = args.config
         elif resume is not None:
@@ -360,9 +377,10 @@ class ConfigParser:
             pass  # some builtins have no inspectable signature; the call itself will tell
         try:
             return target(*args, **config_args, **kwargs)
-        except ValueError as error:
-            # Constructors reject bad values this way (e.g. "Invalid learning rate: -1").
-            raise ConfigError(f"{self.source}: {name}: {error}") from None
+        except (TypeError, ValueError) as error:
+            # The argument names already bound, so this is a bad value: constructors reject
+            # them this way (e.g. "Invalid learning rate: -1", or widths=5 "has no len()").
+            raise ConfigError(f"{self.source}: {name}.args: {error}") from None
 
     def init_ftn(self, name: str, module: ModuleType, *args: Any, **kwargs: Any) -> Callable:
         """functools.partial(module.<config[name].type>, *args, **config[name].args, **kwargs)."""

@@ -41,14 +41,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = args.device  # before anything initialises CUDA
     # Imported after parsing so that --help answers without loading torch.
+    from base.base_trainer import Interrupted, TrainingError
     from parse_config import ConfigParser
     from utils import UserError
 
     try:
         run(ConfigParser.from_args(args))
-    except UserError as error:
+    except UserError as error:  # a mistake in the input: nothing was written
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except TrainingError as error:  # e.g. a non-finite loss; saved checkpoints are intact
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except Interrupted as stop:  # preempted: a resumable checkpoint was saved
+        print(f"Interrupted: {stop}", file=sys.stderr)
+        return 128 + stop.signum
+    except KeyboardInterrupt:  # a second Ctrl-C
+        print("Interrupted at once (second signal): nothing more was saved.", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -68,6 +78,11 @@ def run(config: "ConfigParser") -> None:
     setup_logging(None, verbosity=config["trainer"]["verbosity"])
     logger = logging.getLogger("train")
     seed_everything(config["seed"])
+    if config["trainer"]["deterministic"]:
+        # Bit-exact reruns: refuse non-deterministic kernels (cuBLAS needs this workspace setting).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     device = select_device(config["n_gpu"], logger)
 
     data = config.init_obj("data_loader", data_module, seed=config["seed"])

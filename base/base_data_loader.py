@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from utils import UserError
+from utils import UserError, derive_seed
 
 
 class DataError(UserError):
@@ -46,11 +46,21 @@ class EpochSampler(Sampler[int]):
         self.pad = pad
         self.epoch = 0
         self.pass_index = 0
+        self.start = 0
+        # Handed to the DataLoader, which draws its worker base seed from it rather than from
+        # the global RNG: worker seeds follow (seed, epoch, pass), and a mid-epoch resume that
+        # restores the global RNG state is not thrown off by a new iterator's seed draw.
+        self.generator = torch.Generator()
 
-    def set_epoch(self, epoch: int, pass_index: int = 0) -> None:
-        """Choose the order for this epoch (and pass, when an epoch spans several passes)."""
+    def set_epoch(self, epoch: int, pass_index: int = 0, start: int = 0) -> None:
+        """Choose the order for this epoch (and pass, when an epoch spans several passes).
+
+        `start` skips that many of this rank's indices: a mid-epoch resume continues there.
+        """
         self.epoch = epoch
         self.pass_index = pass_index
+        self.start = start
+        self.generator.manual_seed(derive_seed(self.seed, epoch, pass_index, self.rank))
 
     def __iter__(self) -> Any:
         order = self.indices
@@ -60,7 +70,7 @@ class EpochSampler(Sampler[int]):
         if self.pad and len(order) % self.num_replicas:
             extra = self.num_replicas - len(order) % self.num_replicas
             order = np.concatenate([order, np.resize(order, extra)])
-        return iter(order[self.rank :: self.num_replicas].tolist())
+        return iter(order[self.rank :: self.num_replicas][self.start :].tolist())
 
     def __len__(self) -> int:
         if self.pad:
@@ -159,6 +169,7 @@ class BaseDataLoader(abc.ABC):
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
+            generator=sampler.generator,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             drop_last=drop_last,

@@ -1,10 +1,12 @@
-"""Base class for trainers: the epoch loop, checkpoints, resume, monitoring and early stopping.
+"""Base class for trainers: the epoch loop, checkpoints, resume, monitoring, early stopping and
+stopping on a signal.
 
-A subclass supplies train_epoch() and evaluate(); see trainer/trainer.py.
+A subclass supplies train_epoch() and validate(); see trainer/trainer.py.
 """
 
 import abc
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,37 @@ from utils import (
     seed_everything,
     set_rng_state,
 )
-from utils.checkpoint import CheckpointError, load_model_state
+from utils.checkpoint import (
+    LATEST,
+    CheckpointError,
+    load_model_state,
+    sorted_checkpoints,
+    write_text_atomic,
+)
 from utils.monitor import Monitor
+from utils.signals import StopRequest
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal; `path` is the checkpoint to resume from."""
+
+    def __init__(self, signum: int, path: Path) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}; resume with: -r {path}")
+        self.signum = signum
+        self.path = path
+
+
+class StopInEpoch(Exception):
+    """Raised by train_epoch when a stop was requested: where the epoch stands."""
+
+    def __init__(self, batches_done: int, totals: torch.Tensor) -> None:
+        super().__init__(f"stopped after {batches_done} batches")
+        self.batches_done = batches_done
+        self.totals = totals
+
+
+class TrainingError(Exception):
+    """Training cannot go on (e.g. a non-finite loss); reported in one line, exit code 1."""
 
 
 class BaseTrainer(abc.ABC):
@@ -50,19 +81,27 @@ class BaseTrainer(abc.ABC):
         trainer_config = config["trainer"]
         self.epochs = trainer_config["epochs"]
         self.save_period = trainer_config["save_period"]
+        self.keep_last = trainer_config["keep_last"]
         self.verbosity = trainer_config["verbosity"]
         self.monitor = Monitor(
             config.monitor_mode, config.monitor_key, trainer_config["early_stop"]
         )
         self.start_epoch = 1
         self.global_step = 0
+        # Where a mid-epoch checkpoint left off: batches already done and their metric sums.
+        self.resume_batch = 0
+        self.resume_totals: torch.Tensor | None = None
         self.checkpoint_dir = Path(config.checkpoint_dir)
         # Created in train(): constructing a trainer has no side effects.
         self.writer = TensorboardWriter(config.log_dir, enabled=False)
+        self.stop = StopRequest()
 
     @abc.abstractmethod
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """Train one epoch; return {"train/loss": ..., "train/<metric>": ...}."""
+        """Train one epoch; return {"train/loss": ..., "train/<metric>": ..., "train/num_samples": n}.
+
+        Poll self.stop between steps and raise StopInEpoch when asked to stop.
+        """
 
     @abc.abstractmethod
     def validate(self) -> dict[str, float]:
@@ -72,14 +111,17 @@ class BaseTrainer(abc.ABC):
         """Called once before the first epoch, after the writer exists (log data, sizes, images)."""
 
     def train(self) -> dict[str, float]:
-        """Train until the last epoch or an early stop; return the last epoch's metrics."""
+        """Train until the last epoch or an early stop; return the last epoch's metrics.
+
+        Raises Interrupted after saving a checkpoint when SIGTERM, SIGINT or SIGUSR1 arrives.
+        """
         self.writer = TensorboardWriter(
             self.config.log_dir, enabled=self.config["trainer"]["tensorboard"] and self.rank == 0
         )
         metrics: dict[str, float] = {}
         try:
             # Log lines go above the progress bar instead of through it.
-            with logging_redirect_tqdm():
+            with logging_redirect_tqdm(), self.stop:
                 self.on_train_start()
                 if self.start_epoch > self.epochs:
                     self.logger.info("All %d epochs are already done.", self.epochs)
@@ -97,11 +139,21 @@ class BaseTrainer(abc.ABC):
         return metrics
 
     def _run_epoch(self, epoch: int) -> dict[str, float]:
-        # Augmentation, dropout and worker seeds become a function of (seed, epoch, rank),
-        # so an epoch replays the same way after a resume.
-        seed_everything(derive_seed(self.config["seed"], epoch, self.rank))
+        if self.resume_batch == 0:
+            # Augmentation, dropout and worker seeds become a function of (seed, epoch, rank),
+            # so an epoch replays the same way after a resume. (A mid-epoch resume instead
+            # continues from the RNG state saved with it.)
+            seed_everything(derive_seed(self.config["seed"], epoch, self.rank))
         start = time.perf_counter()
-        metrics = self.train_epoch(epoch)
+        try:
+            metrics = self.train_epoch(epoch)
+        except StopInEpoch as stop:
+            path = self.checkpoint_dir / f"checkpoint-epoch{epoch}-batch{stop.batches_done}.pth"
+            state = self.checkpoint_state(epoch - 1, {})
+            state["resume_batch"] = stop.batches_done
+            state["resume_totals"] = stop.totals.cpu()
+            self._save(state, path)
+            raise Interrupted(self.stop.signum or signal.SIGTERM, path) from None
         train_seconds = time.perf_counter() - start
         metrics.update(self.validate())
         metrics["time/epoch_seconds"] = time.perf_counter() - start
@@ -115,20 +167,30 @@ class BaseTrainer(abc.ABC):
         self.logger.info(
             "epoch %d/%d  %s%s", epoch, self.epochs, summary, "  *best*" if improved else ""
         )
-        if self.rank == 0:
-            state = self.checkpoint_state(epoch, metrics)
-            # The last epoch (also an early-stopped one) is always saved, so a run ends resumable.
-            is_last = epoch == self.epochs or self.monitor.should_stop
-            if epoch % self.save_period == 0 or is_last:
-                path = self.checkpoint_dir / f"checkpoint-epoch{epoch}.pth"
-                save_checkpoint(state, path)
-                self.logger.info("Saved %s", path)
-            if improved:
-                save_checkpoint(state, self.checkpoint_dir / "model_best.pth")
-                self.logger.info(
-                    "Saved model_best.pth (%s %.4g)", self.monitor.key, self.monitor.best
-                )
+        state = self.checkpoint_state(epoch, metrics)
+        # The last epoch (also an early-stopped or interrupted one) is always saved, so a run
+        # always ends resumable.
+        path = self.checkpoint_dir / f"checkpoint-epoch{epoch}.pth"
+        stopping = self.monitor.should_stop or self.stop.signum is not None
+        if epoch % self.save_period == 0 or epoch == self.epochs or stopping:
+            self._save(state, path)
+        if improved and self.rank == 0:
+            save_checkpoint(state, self.checkpoint_dir / "model_best.pth")
+            self.logger.info("Saved model_best.pth (%s %.4g)", self.monitor.key, self.monitor.best)
+        if self.stop.signum is not None and epoch < self.epochs:
+            raise Interrupted(self.stop.signum, path)
         return metrics
+
+    def _save(self, state: dict, path: Path) -> None:
+        """Save a periodic or mid-epoch checkpoint, point `latest` at it, drop the oldest."""
+        if self.rank != 0:
+            return
+        save_checkpoint(state, path)
+        write_text_atomic(self.checkpoint_dir / LATEST, path.name + "\n")
+        self.logger.info("Saved %s", path)
+        if self.keep_last:
+            for old in sorted_checkpoints(self.checkpoint_dir)[: -self.keep_last]:
+                old.unlink()
 
     def _step_scheduler(self, metrics: dict[str, float]) -> None:
         if self.lr_scheduler is None or self.config["lr_scheduler"]["interval"] != "epoch":
@@ -156,16 +218,21 @@ class BaseTrainer(abc.ABC):
         }
 
     def resume(self, path: Path) -> None:
-        """Load a checkpoint; continue after its epoch. Optimizer and scheduler state are kept only
-        when their types match the current config (fine-tuning with -c may change them)."""
+        """Load a checkpoint; continue after its epoch (or inside it, for a mid-epoch one).
+
+        Optimizer and scheduler state are kept only when their type and args match the current
+        config (fine-tuning with -c, or --lr, may change them).
+        """
         state = load_checkpoint(path, map_location=self.device)
-        saved_config = state["config"]
         load_model_state(self.model, state, path)
+        saved_config = state["config"]
+        restored = False  # whether the optimizer state was restored
         for name, component in (("optimizer", self.optimizer), ("lr_scheduler", self.lr_scheduler)):
             saved_section = saved_config.get(name) or {}
             current_section = self.config[name] or {}
             if component is None or state[name] is None:
                 continue
+            # Restored state would silently override a changed type or args (e.g. a new lr).
             if saved_section.get("type") != current_section.get("type"):
                 self.logger.warning(
                     "%s type changed (%s -> %s): its state is not restored.",
@@ -174,13 +241,24 @@ class BaseTrainer(abc.ABC):
                     current_section.get("type"),
                 )
                 continue
+            if saved_section.get("args") != current_section.get("args"):
+                self.logger.warning("%s args changed: its state is not restored.", name)
+                continue
+            if name == "lr_scheduler" and not restored:
+                # A scheduler's state holds the old optimizer's base learning rates.
+                self.logger.warning("lr_scheduler state is not restored either (new optimizer).")
+                continue
             try:
                 component.load_state_dict(state[name])
             except (ValueError, KeyError) as error:
                 raise CheckpointError(f"{path}: cannot restore {name} state: {error}") from None
+            restored = True
         if not self.monitor.load_state_dict(state["monitor"]):
             self.logger.warning("The monitored metric changed: the best value starts afresh.")
         set_rng_state(state["rng"])
         self.start_epoch = state["epoch"] + 1
         self.global_step = state["global_step"]
-        self.logger.info("Resumed from %s (epoch %d).", path, state["epoch"])
+        self.resume_batch = state.get("resume_batch", 0)
+        self.resume_totals = state.get("resume_totals")
+        where = f", batch {self.resume_batch}" if self.resume_batch else ""
+        self.logger.info("Resumed from %s (epoch %d%s done).", path, state["epoch"], where)

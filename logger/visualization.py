@@ -18,6 +18,10 @@ class TensorboardWriter:
 
             self.writer = SummaryWriter(log_dir=str(log_dir))
 
+    @property
+    def enabled(self) -> bool:
+        return self.writer is not None
+
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         if self.writer is not None:
             self.writer.add_scalar(tag, value, step)

@@ -36,8 +36,10 @@ def test_outputs_of_a_run(trained_run: dict) -> None:
         "checkpoint-epoch1.pth",
         "checkpoint-epoch2.pth",
         "config.json",
+        "latest",
         "model_best.pth",
     ]
+    assert (run_dir / "latest").read_text() == "checkpoint-epoch2.pth\n"
     # The effective config, defaults included, is what the run used.
     saved_config = json.loads((run_dir / "config.json").read_text())
     assert saved_config["trainer"]["epochs"] == 2

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from base import BaseDataLoader, BaseTrainer
 from base.base_data_loader import DataError
+from base.base_trainer import StopInEpoch, TrainingError
 from utils.distributed import all_reduce_sum
 
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -64,6 +65,9 @@ class Trainer(BaseTrainer):
         # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
         self.len_epoch = config["trainer"]["len_epoch"] or len(self.train_loader)
         self.log_step = config["trainer"]["log_step"]
+        self.nonfinite = config["trainer"]["nonfinite"]
+        self.max_skipped_steps = config["trainer"]["max_skipped_steps"]
+        self.num_skipped_steps = 0
         self.step_scheduler_per_batch = (
             lr_scheduler is not None and config["lr_scheduler"]["interval"] == "step"
         )
@@ -83,9 +87,14 @@ class Trainer(BaseTrainer):
             self.device,
         )
         self.logger.info("Outputs: %s and %s", self.checkpoint_dir, self.config.log_dir)
+        if not self.writer.enabled:
+            return
         # One grid of (de-normalised) training inputs, so a user can see what the model sees.
+        # Augmenting them draws random numbers: fork the RNG so that a mid-epoch resume, which
+        # restored the RNG state, continues exactly.
         dataset = self.train_loader.dataset
-        images = torch.stack([dataset[index][0] for index in range(min(32, len(dataset)))])
+        with torch.random.fork_rng(devices=[]):
+            images = torch.stack([dataset[index][0] for index in range(min(32, len(dataset)))])
         mean = torch.tensor(self.data.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.data.std).view(1, -1, 1, 1)
         grid = torchvision.utils.make_grid((images * std + mean).clamp(0, 1), nrow=8)
@@ -95,41 +104,81 @@ class Trainer(BaseTrainer):
         self.model.train()
         # [loss sum, one sum per metric, sample count], accumulated on the device.
         totals = torch.zeros(len(self.metric_fns) + 2, dtype=torch.float64, device=self.device)
+        first_batch = self.resume_batch  # > 0 when resuming inside this epoch
+        if self.resume_totals is not None:
+            totals += self.resume_totals.to(self.device)
+        self.resume_batch, self.resume_totals = 0, None
         logged = totals.clone()
-        start = time.perf_counter()
+        # The first step of this epoch whose loss was not finite (0: none yet), kept on the device.
+        first_nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
+        start, num_samples = time.perf_counter(), 0
         progress = tqdm(
             total=self.len_epoch,
+            initial=first_batch,
             desc=f"epoch {epoch}/{self.epochs}",
             disable=self.verbosity == 0 or self.rank != 0 or not sys.stderr.isatty(),
             leave=False,
         )
-        for step, (images, targets) in enumerate(self.epoch_batches(epoch), start=1):
+        batches = self.epoch_batches(epoch, first_batch)
+        for step, (images, targets) in enumerate(batches, start=first_batch + 1):
             images = images.to(self.device, non_blocking=True)  # (B, C, H, W)
             targets = targets.to(self.device, non_blocking=True)  # (B,)
             output = self.model(images)  # (B, num_classes)
             loss = self.criterion(output, targets)
+            # "skip" must decide before stepping, so it reads the loss every step (a host sync).
+            if self.nonfinite == "skip" and not torch.isfinite(loss):
+                self.skip_step(epoch, step)
+                continue
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
             if self.step_scheduler_per_batch:
                 self.lr_scheduler.step()
             self.global_step += 1
+            num_samples += targets.shape[0]
             with torch.no_grad():
                 totals += batch_sums(output, targets, loss, self.metric_fns)
+                is_new_fault = ~torch.isfinite(loss) & (first_nonfinite == 0)
+                first_nonfinite = torch.where(is_new_fault, step, first_nonfinite)
 
             if step % self.log_step == 0 or step == self.len_epoch:
                 # The only host-device sync inside the loop: once every log_step steps.
-                interval = (totals - logged).tolist()
+                interval = torch.cat([totals - logged, first_nonfinite.view(1)]).tolist()
                 logged = totals.clone()
-                interval_loss = interval[0] / interval[-1]
+                if interval[-1]:
+                    raise TrainingError(
+                        f"non-finite loss at epoch {epoch}, step {int(interval[-1])} "
+                        '(trainer.nonfinite is "stop"); lower the learning rate, check the data, '
+                        'or set trainer.nonfinite to "skip". Checkpoints saved so far are intact.'
+                    )
+                interval_loss = interval[0] / interval[-2]
                 self.writer.add_scalar("train/step_loss", interval_loss, self.global_step)
                 progress.set_postfix(
                     loss=f"{interval_loss:.4f}",
-                    samples_per_s=f"{totals[-1].item() / (time.perf_counter() - start):.0f}",
+                    samples_per_s=f"{num_samples / (time.perf_counter() - start):.0f}",
                 )
                 progress.update(step - progress.n)
+            if self.stop.signum is not None and step < self.len_epoch:
+                progress.close()
+                raise StopInEpoch(step, totals)
         progress.close()
         return to_metrics(all_reduce_sum(totals), self.metric_fns, "train")
+
+    def skip_step(self, epoch: int, step: int) -> None:
+        """Drop a batch whose loss is not finite; give up after max_skipped_steps of them."""
+        self.num_skipped_steps += 1
+        self.logger.warning(
+            "Skipped step %d of epoch %d: non-finite loss (%d skipped so far).",
+            step,
+            epoch,
+            self.num_skipped_steps,
+        )
+        if self.num_skipped_steps > self.max_skipped_steps:
+            raise TrainingError(
+                f"more than trainer.max_skipped_steps ({self.max_skipped_steps}) steps had a "
+                f"non-finite loss (last: epoch {epoch}, step {step}); lower the learning rate "
+                "or check the data"
+            )
 
     def validate(self) -> dict[str, float]:
         if self.val_loader is None:
@@ -140,16 +189,23 @@ class Trainer(BaseTrainer):
         del metrics["val/num_samples"]  # the same every epoch: logged once at the start
         return metrics
 
-    def epoch_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Exactly len_epoch batches; a new pass, in its own (seed, epoch, pass) order, starts when
-        the loader runs out."""
-        for pass_index in itertools.count():
-            self.train_loader.sampler.set_epoch(epoch, pass_index)
-            yield from itertools.islice(
-                self.train_loader, self.len_epoch - pass_index * len(self.train_loader)
+    def epoch_batches(
+        self, epoch: int, first_batch: int = 0
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches first_batch+1 .. len_epoch of this epoch. A new pass, in its own
+        (seed, epoch, pass) order, starts when the loader runs out."""
+        batches_per_pass = len(self.train_loader)
+        pass_index, offset = divmod(first_batch, batches_per_pass)
+        remaining = self.len_epoch - first_batch
+        while remaining > 0:
+            # Skip `offset` batches by skipping their indices: no data is loaded for them.
+            self.train_loader.sampler.set_epoch(
+                epoch, pass_index, start=offset * self.train_loader.batch_size
             )
-            if (pass_index + 1) * len(self.train_loader) >= self.len_epoch:
-                return
+            taken = min(remaining, batches_per_pass - offset)
+            yield from itertools.islice(self.train_loader, taken)
+            remaining -= taken
+            pass_index, offset = pass_index + 1, 0
 
 
 def batch_sums(

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import re
 import tempfile
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import torch
 
 from utils.util import UserError
 
+LATEST = "latest"  # a file in the run folder naming its newest complete checkpoint
+CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-batch(\d+))?\.pth")
 # Keys every checkpoint written by this template has; a file without them is someone else's.
 REQUIRED_KEYS = ("model", "config", "epoch")
 
@@ -65,15 +68,20 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        # weights_only refuses any pickled object that is not a tensor or built-in type,
+        # weights_only refuses any pickled reference to a Python global (a class, a function),
         # so a payload that would run code is rejected before anything executes.
-        reason = str(error).strip().splitlines()[0]
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        if found:
+            raise CheckpointError(
+                f"{path}: refused to load: it references the Python object {found.group(1)}, which "
+                "weights_only loading does not allow; only load files you trust, and by other means"
+            ) from None
         raise CheckpointError(
-            f"{path}: refused to load: it holds Python objects that weights_only loading "
-            f"does not allow ({reason}); only load checkpoints you trust with other tools"
+            f"{path}: not a readable checkpoint (not a torch.save file?)"
         ) from None
     except Exception as error:  # zipfile, EOF and stream errors all mean a damaged file
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        lines = str(error).strip().splitlines()
+        reason = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
         raise CheckpointError(
             f"{path}: not a readable checkpoint (truncated or corrupted?): {reason}"
         ) from None
@@ -96,3 +104,25 @@ def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
         raise CheckpointError(
             f"{path}: its weights (arch {arch}) do not fit the configured model: {detail}"
         ) from None
+
+
+def sorted_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """Periodic and mid-epoch checkpoints, oldest first (model_best.pth is not among them)."""
+    found = []
+    for path in checkpoint_dir.glob("checkpoint-epoch*.pth"):
+        match = CHECKPOINT_NAME.fullmatch(path.name)
+        if match:
+            epoch, batch = int(match.group(1)), match.group(2)
+            # A complete epoch e sorts after every mid-epoch checkpoint of epoch e.
+            found.append(((epoch, int(batch) if batch else float("inf")), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint of a run folder (periodic or mid-epoch), or None.
+
+    Every checkpoint file is complete (saves are atomic), so the newest by name is the one to
+    resume from even when a crash came between saving it and updating the `latest` file.
+    """
+    found = sorted_checkpoints(run_dir)
+    return found[-1] if found else None

@@ -1,0 +1,201 @@
+"""Fault tolerance: exact resume after SIGKILL, SIGTERM preemption, crash-safe saves, keep_last,
+non-finite losses and the stop-signal handler."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_script
+
+from utils import load_checkpoint, save_checkpoint
+from utils.checkpoint import latest_checkpoint
+from utils.signals import StopRequest
+
+RUN = Path("models") / "Demo_CifarCNN"
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A deterministic 3-epoch demo config with epochs long enough (40 batches) to interrupt."""
+    import json
+
+    from conftest import shrink
+
+    tmp_path = tmp_path_factory.mktemp("reliability")
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"].update(
+        epochs=3, len_epoch=40, keep_last=2, deterministic=True, tensorboard=False, log_step=5
+    )
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(config_path: Path) -> Path:
+    """The reference: the same config trained start to finish without interruption."""
+    result = run_script("train.py", "-c", str(config_path), "--run-id", "reference")
+    assert result.returncode == 0, result.stderr
+    return config_path.parent / "saved" / RUN / "reference"
+
+
+def start_training(config_path: Path, run_id: str) -> subprocess.Popen:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.Popen(
+        [sys.executable, "train.py", "-c", str(config_path), "--run-id", run_id],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def assert_same_training_state(first: Path, second: Path) -> None:
+    """Every tensor of the model and the optimizer state is bit-for-bit equal."""
+    a, b = torch.load(first, weights_only=True), torch.load(second, weights_only=True)
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for index, state in a["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, b["optimizer"]["state"][index][key]), (index, key)
+    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    assert (
+        a["global_step"] == b["global_step"]
+        and a["metrics"]["val/loss"] == b["metrics"]["val/loss"]
+    )
+
+
+def test_outputs_with_keep_last(uninterrupted: Path) -> None:
+    names = sorted(path.name for path in uninterrupted.iterdir())
+    assert names == [
+        "checkpoint-epoch2.pth",
+        "checkpoint-epoch3.pth",
+        "config.json",
+        "latest",
+        "model_best.pth",
+    ]
+    assert latest_checkpoint(uninterrupted) == uninterrupted / "checkpoint-epoch3.pth"
+
+
+def test_sigkill_then_resume_is_bit_exact(config_path: Path, uninterrupted: Path) -> None:
+    run_dir = config_path.parent / "saved" / RUN / "killed"
+    process = start_training(config_path, "killed")
+    wait_for(run_dir / "checkpoint-epoch1.pth", process)
+    process.kill()  # SIGKILL during epoch 2: no handler runs, nothing is flushed
+    process.communicate()
+    assert not (run_dir / "checkpoint-epoch2.pth").exists(), "the kill came too late"
+
+    # -r with the run folder resumes from the newest complete checkpoint.
+    result = run_script("train.py", "-r", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    assert "Resumed from" in result.stdout and "epoch 1 done" in result.stdout
+    assert_same_training_state(
+        uninterrupted / "checkpoint-epoch3.pth", run_dir / "checkpoint-epoch3.pth"
+    )
+
+
+def test_sigterm_saves_mid_epoch_and_resume_finishes_exactly(
+    config_path: Path, uninterrupted: Path
+) -> None:
+    run_dir = config_path.parent / "saved" / RUN / "preempted"
+    process = start_training(config_path, "preempted")
+    wait_for(run_dir / "checkpoint-epoch1.pth", process)
+    time.sleep(0.3)  # into epoch 2
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - sent < 10
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "stopped by SIGTERM; resume with: -r" in stderr
+
+    saved = latest_checkpoint(run_dir)
+    assert saved is not None and saved.name.startswith("checkpoint-epoch2-batch"), saved
+    state = load_checkpoint(saved)
+    assert state["epoch"] == 1 and 0 < state["resume_batch"] < 40
+
+    result = run_script("train.py", "-r", str(saved))
+    assert result.returncode == 0, result.stderr
+    assert f"epoch 1, batch {state['resume_batch']} done" in result.stdout
+    # Data order, skipped batches and RNG state all line up: the result equals the
+    # uninterrupted run's (num_workers 0, CPU, deterministic).
+    assert_same_training_state(
+        uninterrupted / "checkpoint-epoch3.pth", run_dir / "checkpoint-epoch3.pth"
+    )
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_resumable(
+    uninterrupted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    path = run_dir / "checkpoint-epoch2.pth"
+    before = path.read_bytes()
+
+    def write_half_then_fail(state: dict, file) -> None:
+        file.write(before[: len(before) // 2])
+        raise OSError(28, "No space left on device")
+
+    import utils.checkpoint
+
+    monkeypatch.setattr(utils.checkpoint.torch, "save", write_half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint({"epoch": 99}, path)
+    monkeypatch.undo()
+
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == []  # no temp file
+    result = run_script("train.py", "-r", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "epoch 3/3" in result.stdout
+
+
+def test_nonfinite_loss_stops_and_keeps_model_best(uninterrupted: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    before = {path.name: path.read_bytes() for path in run_dir.glob("*.pth")}
+    # A changed optimizer starts afresh; SGD at lr 1e38 overflows float32 within two steps.
+    result = run_script(
+        "train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"),
+        "--set", "optimizer.type=SGD", "--lr", "1e38", "--epochs", "4",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "error: non-finite loss at epoch 3, step" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    # model_best.pth and the reference's own epoch-3 checkpoint are untouched, nothing added.
+    assert {path.name: path.read_bytes() for path in run_dir.glob("*.pth")} == before
+
+
+def test_nonfinite_skip_policy_gives_up_after_too_many(config_path: Path, tmp_path: Path) -> None:
+    result = run_script(
+        "train.py", "-c", str(config_path), "--run-id", "skips",
+        "--set", "optimizer.type=SGD", "--lr", "1e38",
+        "--set", "trainer.nonfinite=skip", "--set", "trainer.max_skipped_steps=3",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "more than trainer.max_skipped_steps (3) steps had a non-finite loss" in result.stderr
+    assert result.stdout.count("Skipped step") == 4
+
+
+def test_stop_request_turns_signals_into_a_flag_and_a_second_one_interrupts() -> None:
+    with StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.signum == signal.SIGUSR1
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
