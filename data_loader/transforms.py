@@ -13,9 +13,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 def cifar_transform(augment: bool, image_size: int = 32) -> Callable:
     """CIFAR-10 recipe: random crop with 4-pixel padding and horizontal flip when augmenting."""
-    steps: list[Callable] = [v2.ToImage()]  # HWC uint8 (array or PIL) -> CHW uint8 tensor
-    if image_size != 32:
-        steps.append(v2.Resize((image_size, image_size), antialias=True))
+    # HWC uint8 (array or PIL) -> CHW uint8 tensor, at image_size (a no-op for 32x32 CIFAR).
+    steps: list[Callable] = [v2.ToImage(), v2.Resize((image_size, image_size), antialias=True)]
     if augment:
         steps += [v2.RandomCrop(image_size, padding=4), v2.RandomHorizontalFlip()]
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]

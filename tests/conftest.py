@@ -65,7 +65,14 @@ def make_config(tmp_path: Path) -> Callable[..., Path]:
 
 def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python <args>` like a user would, on the CPU, and capture its output."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+    # One thread per process: 2-core machines running several processes (torchrun, a pytest
+    # parent) otherwise oversubscribe and slow down by up to 10x.
+    env = {
+        "OMP_NUM_THREADS": "1",
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONUNBUFFERED": "1",
+    }
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -1,0 +1,523 @@
+"""Data: synthetic images, transforms, seeded splits, samplers and the three folder formats."""
+
+import hashlib
+import json
+import pickle
+import random
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import SAMPLE_DIR, checkpoint_dirs, run_script
+from PIL import Image
+from torchvision.datasets import CIFAR10
+
+from base import EpochSampler
+from base.base_data_loader import DataError
+from data_loader.data_loaders import (
+    Cifar10DataLoader,
+    ImageFolderDataLoader,
+    SyntheticDataLoader,
+)
+from data_loader.synthetic import CLASS_NAMES, SyntheticShapes, generate
+from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD, cifar_transform
+from utils import derive_seed
+
+MEAN = torch.tensor(CIFAR10_MEAN).view(3, 1, 1)
+STD = torch.tensor(CIFAR10_STD).view(3, 1, 1)
+
+
+def unnormalise(image: torch.Tensor) -> torch.Tensor:
+    """(3, H, W) normalised tensor -> pixel values in [0, 255]."""
+    return (image * STD + MEAN) * 255
+
+
+def all_batches(loader: torch.utils.data.DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = zip(*loader, strict=True)
+    return torch.cat(images), torch.cat(labels)
+
+
+# --- synthetic data --------------------------------------------------------------------------
+
+
+def test_generate_is_deterministic_in_the_seed():
+    images, labels = generate(40, seed=3)
+    same_images, same_labels = generate(40, seed=3)
+    other_images, other_labels = generate(40, seed=4)
+    assert np.array_equal(images, same_images)
+    assert np.array_equal(labels, same_labels)
+    assert not np.array_equal(images, other_images)
+    assert not np.array_equal(labels, other_labels)
+    # A list seed (what SyntheticDataLoader passes per split) works the same way.
+    assert np.array_equal(generate(5, seed=[0, 1])[0], generate(5, seed=[0, 1])[0])
+    assert not np.array_equal(generate(5, seed=[0, 0])[0], generate(5, seed=[0, 1])[0])
+
+
+def test_generate_shapes_and_labels():
+    images, labels = generate(500, seed=0)
+    assert images.shape == (500, 32, 32, 3)
+    assert images.dtype == np.uint8
+    assert labels.shape == (500,)
+    assert labels.min() >= 0 and labels.max() <= 9
+    assert set(labels.tolist()) == set(range(10))
+    # Pictures, not blank frames.
+    assert images.reshape(500, -1).std(axis=1).min() > 5
+
+
+def test_synthetic_shapes_dataset():
+    dataset = SyntheticShapes(12, seed=7)
+    images, labels = generate(12, seed=7)
+    assert len(dataset) == 12
+    image, label = dataset[5]
+    assert np.array_equal(image, images[5])
+    assert label == labels[5] and isinstance(label, int)
+    assert SyntheticShapes.classes == CLASS_NAMES and len(CLASS_NAMES) == 10
+
+
+# --- transforms ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_pil", [False, True], ids=["numpy", "pil"])
+def test_cifar_transform_maps_hwc_uint8_to_chw_float(as_pil):
+    image = np.random.default_rng(0).integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+    # Distinct values at places where a transposed or channel-swapped layout would differ.
+    image[3, 17, 2] = 251
+    image[17, 3, 2] = 4
+    image[3, 17, 0] = 9
+    source = Image.fromarray(image) if as_pil else image
+    output = cifar_transform(augment=False)(source)
+    assert output.shape == (3, 32, 32)
+    assert output.dtype == torch.float32
+    pixels = unnormalise(output)
+    assert pixels[2, 3, 17].item() == pytest.approx(251, abs=1e-3)
+    assert pixels[2, 17, 3].item() == pytest.approx(4, abs=1e-3)
+    assert pixels[0, 3, 17].item() == pytest.approx(9, abs=1e-3)
+    expected = torch.from_numpy(image).permute(2, 0, 1).float()  # (3, H, W)
+    torch.testing.assert_close(pixels, expected, atol=1e-3, rtol=0)
+
+
+def test_cifar_transform_augments_only_when_asked():
+    image = np.random.default_rng(1).integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+    plain = cifar_transform(augment=False)
+    augment = cifar_transform(augment=True)
+    assert torch.equal(plain(image), plain(image))
+    outputs = [augment(image) for _ in range(8)]
+    assert all(output.shape == (3, 32, 32) for output in outputs)
+    assert any(not torch.equal(output, plain(image)) for output in outputs)
+
+
+# --- SyntheticDataLoader: splits and loaders -------------------------------------------------
+
+
+def synthetic(**kwargs) -> SyntheticDataLoader:
+    args = {"batch_size": 16, "seed": 0, "validation_split": 0.2, "num_train": 200, "num_test": 50}
+    return SyntheticDataLoader(**{**args, **kwargs})
+
+
+def test_split_indices_are_a_seeded_partition():
+    train, val = synthetic().split_indices()
+    assert len(train) == 160 and len(val) == 40
+    assert not set(train.tolist()) & set(val.tolist())
+    assert sorted([*train.tolist(), *val.tolist()]) == list(range(200))
+
+    same_train, same_val = synthetic().split_indices()
+    assert np.array_equal(train, same_train) and np.array_equal(val, same_val)
+    _, other_val = synthetic(seed=1).split_indices()
+    assert not np.array_equal(val, other_val)
+
+
+@pytest.mark.parametrize(("validation_split", "num_val"), [(0.1, 20), (0.25, 50), (30, 30), (1, 1)])
+def test_validation_split_as_fraction_or_count(validation_split, num_val):
+    data = synthetic(validation_split=validation_split)
+    train, val = data.split_indices()
+    assert len(val) == num_val and len(train) == 200 - num_val
+    assert len(data.val_loader().sampler) == num_val
+    assert len(data.train_loader().sampler) == 200 - num_val
+
+
+@pytest.mark.parametrize("validation_split", [200, 250, 0.999])
+def test_validation_split_leaving_no_training_data(validation_split):
+    with pytest.raises(DataError, match="leaves no training samples out of 200"):
+        synthetic(validation_split=validation_split).split_indices()
+
+
+def test_validation_loader_is_not_augmented():
+    data = synthetic()
+    torch.manual_seed(1)
+    first_images, first_labels = all_batches(data.val_loader())
+    torch.manual_seed(2)
+    second_images, second_labels = all_batches(data.val_loader())
+    assert torch.equal(first_images, second_images)
+    assert torch.equal(first_labels, second_labels)
+    # They are the training split's images at the validation indices, un-augmented.
+    _, val_indices = data.split_indices()
+    train_split = data.dataset("train")
+    plain = cifar_transform(augment=False)
+    for position in (0, 17, 39):
+        image, label = train_split[int(val_indices[position])]
+        assert torch.equal(first_images[position], plain(image))
+        assert first_labels[position].item() == label
+
+
+def test_training_loader_augments_differently_each_epoch():
+    data = synthetic(shuffle=False)  # a fixed order, so batch 0 holds the same samples each epoch
+    loader = data.train_loader()
+
+    def first_batch(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # The trainer seeds the global RNGs from (seed, epoch, rank) before each epoch.
+        torch.manual_seed(derive_seed(0, epoch, 0))
+        loader.sampler.set_epoch(epoch)
+        return next(iter(loader))
+
+    epoch_1_images, epoch_1_labels = first_batch(1)
+    epoch_2_images, epoch_2_labels = first_batch(2)
+    assert torch.equal(epoch_1_labels, epoch_2_labels)
+    assert not torch.equal(epoch_1_images, epoch_2_images)
+    # ...and an epoch replays exactly (what resume relies on).
+    assert torch.equal(first_batch(1)[0], epoch_1_images)
+
+
+def test_eval_loader_splits():
+    data = synthetic()
+    val_images, val_labels = all_batches(data.val_loader())
+    eval_images, eval_labels = all_batches(data.eval_loader("val"))
+    assert torch.equal(val_images, eval_images) and torch.equal(val_labels, eval_labels)
+
+    test_loader = data.eval_loader("test")
+    test_images, test_labels = all_batches(test_loader)
+    assert len(test_loader.sampler) == 50 and len(test_labels) == 50
+    assert test_images.shape == (50, 3, 32, 32)
+
+    with pytest.raises(DataError, match="no 'holdout' split"):
+        data.eval_loader("holdout")
+    # Without validation_split there is no "val": SyntheticDataLoader has no val split of its own.
+    no_val = synthetic(validation_split=0.0)
+    assert no_val.val_loader() is None
+    with pytest.raises(DataError, match="no 'val' split"):
+        no_val.eval_loader("val")
+
+
+def test_synthetic_train_and_test_splits_differ():
+    data = synthetic()
+    train_image, _ = data.dataset("train")[0]
+    test_image, _ = data.dataset("test")[0]
+    assert not np.array_equal(train_image, test_image)
+    assert data.class_names() == CLASS_NAMES
+
+
+# --- EpochSampler ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_global_rngs():
+    """Tests that reseed numpy's and Python's global RNGs put them back afterwards."""
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    yield
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
+
+
+def order(sampler: EpochSampler, epoch: int, pass_index: int = 0) -> list[int]:
+    sampler.set_epoch(epoch, pass_index)
+    return list(sampler)
+
+
+@pytest.mark.usefixtures("restore_global_rngs")
+def test_epoch_sampler_order_is_a_function_of_seed_epoch_and_pass():
+    indices = list(range(100, 150))
+    sampler = EpochSampler(indices, shuffle=True, seed=5)
+    base = order(sampler, 3)
+    assert sorted(base) == indices and base != indices
+
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        np.random.seed(global_seed)
+        random.seed(global_seed)
+        assert order(sampler, 3) == base
+        assert order(EpochSampler(indices, shuffle=True, seed=5), 3) == base
+    assert order(sampler, 4) != base
+    assert order(sampler, 3, pass_index=1) != base
+    assert order(EpochSampler(indices, shuffle=True, seed=6), 3) != base
+    assert order(EpochSampler(indices, shuffle=False, seed=5), 3) == indices
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_epoch_sampler_shares_without_padding(shuffle):
+    indices = list(range(11))
+    shares = [
+        order(EpochSampler(indices, shuffle=shuffle, seed=0, num_replicas=2, rank=rank), 1)
+        for rank in (0, 1)
+    ]
+    assert [len(share) for share in shares] == [6, 5]
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == indices
+    for rank, share in enumerate(shares):
+        sampler = EpochSampler(indices, shuffle=shuffle, seed=0, num_replicas=2, rank=rank)
+        assert len(sampler) == len(share)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_epoch_sampler_shares_with_padding(shuffle):
+    indices = list(range(11))
+    samplers = [
+        EpochSampler(indices, shuffle=shuffle, seed=0, num_replicas=2, rank=rank, pad=True)
+        for rank in (0, 1)
+    ]
+    shares = [order(sampler, 1) for sampler in samplers]
+    assert [len(share) for share in shares] == [6, 6]
+    assert [len(sampler) for sampler in samplers] == [6, 6]
+    assert set(shares[0]) | set(shares[1]) == set(indices)
+    assert len(set(shares[0]) & set(shares[1])) == 1  # only the one padding sample repeats
+
+
+# --- Cifar10DataLoader on a generated archive in torchvision's format ------------------------
+
+CIFAR_CLASSES = [f"kind{index}" for index in range(10)]
+NUM_PER_BATCH = 20
+NUM_TEST = 10
+# A bright pixel in an otherwise black training image: (image index, channel, row, column).
+PLANTED = (44, 2, 7, 21)
+
+
+def write_pickle(path: Path, content: dict) -> str:
+    """Write `content` as torchvision's CIFAR-10 files are, and return the file's md5."""
+    path.write_bytes(pickle.dumps(content, protocol=2))
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def cifar_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """data_dir/cifar-10-batches-py with 5 x 20 training and 10 test images, labels = index % 10.
+
+    torchvision checks each file's md5 against its class attributes; they are pointed at ours.
+    """
+    folder = tmp_path / "cifar" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    # Python 3 pickles with str keys: CIFAR10 reads them with pickle.load(encoding="latin1").
+    train_list = []
+    for batch in range(5):
+        data = rng.integers(0, 256, size=(NUM_PER_BATCH, 3072), dtype=np.uint8)
+        first = batch * NUM_PER_BATCH
+        index, channel, row, column = PLANTED
+        if first <= index < first + NUM_PER_BATCH:
+            # Rows are 3 planes of 32x32 (R, G, B), each row-major.
+            data[index - first] = 0
+            data[index - first, channel * 1024 + row * 32 + column] = 251
+        content = {
+            "batch_label": f"training batch {batch + 1} of 5",
+            "labels": [(first + offset) % 10 for offset in range(NUM_PER_BATCH)],
+            "data": data,
+            "filenames": [f"image_{first + offset}.png" for offset in range(NUM_PER_BATCH)],
+        }
+        name = f"data_batch_{batch + 1}"
+        train_list.append([name, write_pickle(folder / name, content)])
+    test = {
+        "batch_label": "testing batch 1 of 1",
+        "labels": [offset % 10 for offset in range(NUM_TEST)],
+        "data": rng.integers(0, 256, size=(NUM_TEST, 3072), dtype=np.uint8),
+        "filenames": [f"test_{offset}.png" for offset in range(NUM_TEST)],
+    }
+    test_md5 = write_pickle(folder / "test_batch", test)
+    meta = {"num_cases_per_batch": NUM_PER_BATCH, "label_names": CIFAR_CLASSES, "num_vis": 3072}
+    meta_md5 = write_pickle(folder / "batches.meta", meta)
+
+    monkeypatch.setattr(CIFAR10, "train_list", train_list)
+    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", test_md5]])
+    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": meta_md5})
+    return folder.parent
+
+
+def cifar(data_dir: Path, **kwargs) -> Cifar10DataLoader:
+    args = {"batch_size": 16, "seed": 0, "download": False, **kwargs}
+    return Cifar10DataLoader(str(data_dir), **args)
+
+
+def test_cifar10_reads_torchvision_format(cifar_dir):
+    data = cifar(cifar_dir)
+    assert len(data.dataset("train")) == 5 * NUM_PER_BATCH
+    assert data.class_names() == CIFAR_CLASSES
+    assert len(data.train_loader().sampler) == 100
+    assert data.val_loader() is None
+
+    loader = data.eval_loader("train")
+    index, channel, row, column = PLANTED
+    image, label = loader.dataset[index]
+    assert label == index % 10
+    pixels = unnormalise(image)
+    assert pixels[channel, row, column].item() == pytest.approx(251, abs=1e-3)
+    # Everything else in that image is black: the pixel landed nowhere else.
+    brightest = torch.nonzero(pixels > 1).tolist()
+    assert brightest == [[channel, row, column]]
+
+    test_images, test_labels = all_batches(data.eval_loader("test"))
+    assert test_images.shape == (NUM_TEST, 3, 32, 32)
+    assert test_labels.tolist() == [offset % 10 for offset in range(NUM_TEST)]
+
+
+def test_cifar10_validation_split(cifar_dir):
+    data = cifar(cifar_dir, validation_split=0.25)
+    train, val = data.split_indices()
+    assert len(train) == 75 and len(val) == 25
+    assert len(data.train_loader().sampler) == 75
+    _, val_labels = all_batches(data.val_loader())
+    assert val_labels.tolist() == [int(index) % 10 for index in val]
+
+
+def test_cifar10_missing_folder_says_where_and_what_to_run(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(DataError) as error:
+        cifar(missing).train_loader()
+    message = str(error.value)
+    assert str(missing / "cifar-10-batches-py") in message
+    assert "configs/demo.json" in message
+
+
+# --- ImageFolderDataLoader -------------------------------------------------------------------
+
+
+def make_image_folder(root: Path, layout: dict[str, list[str]], *, num_images: int = 3) -> Path:
+    """root/<split>/<class>/<n>.png, 40x40 RGB noise."""
+    rng = np.random.default_rng(0)
+    for split, classes in layout.items():
+        (root / split).mkdir(parents=True)
+        for name in classes:
+            (root / split / name).mkdir()
+            for index in range(num_images):
+                pixels = rng.integers(0, 256, size=(40, 40, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{index}.png")
+    return root
+
+
+CLASSES = ["cat", "dog", "emu"]
+
+
+def image_folder(root: Path, **kwargs) -> ImageFolderDataLoader:
+    return ImageFolderDataLoader(str(root), **{"batch_size": 4, "seed": 0, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("preset", "image_size", "size"),
+    [("cifar", None, 32), ("imagenet", 64, 64)],
+)
+def test_image_folder_presets_give_the_configured_size(tmp_path, preset, image_size, size):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": CLASSES})
+    data = image_folder(root, preset=preset, image_size=image_size)
+    assert data.class_names() == CLASSES
+    train_images, train_labels = all_batches(data.train_loader())
+    assert train_images.shape == (9, 3, size, size)
+    assert sorted(train_labels.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    # Evaluation must give the same size as training: the model's in_shape depends on it.
+    val_images, _ = all_batches(data.val_loader())
+    assert val_images.shape == (9, 3, size, size)
+
+
+def test_image_folder_test_split_falls_back_to_val(tmp_path):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": CLASSES})
+    data = image_folder(root, preset="imagenet", image_size=32)
+    assert data.splits == ("train", "val", "test")
+    val_images, val_labels = all_batches(data.eval_loader("val"))
+    test_images, test_labels = all_batches(data.eval_loader("test"))
+    assert torch.equal(val_images, test_images) and torch.equal(val_labels, test_labels)
+
+
+def test_image_folder_uses_test_folder_when_present(tmp_path):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": CLASSES})
+    make_image_folder(root, {"test": CLASSES}, num_images=2)
+    data = image_folder(root, preset="imagenet", image_size=32)
+    assert data.splits == ("train", "val", "test")
+    assert len(data.eval_loader("val").sampler) == 9
+    assert len(data.eval_loader("test").sampler) == 6
+
+
+def test_image_folder_validation_split_takes_precedence_over_val(tmp_path):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": CLASSES}, num_images=4)
+    data = image_folder(root, preset="imagenet", image_size=32, validation_split=3)
+    assert len(data.train_loader().sampler) == 9
+    assert len(data.val_loader().sampler) == 3
+    assert len(data.eval_loader("test").sampler) == 12  # val/ still serves as the test split
+
+
+def test_image_folder_missing_train_folder(tmp_path):
+    root = make_image_folder(tmp_path / "images", {"val": CLASSES})
+    with pytest.raises(DataError, match=re.escape(str(root / "train"))):
+        image_folder(root)
+
+
+def test_image_folder_without_class_folders(tmp_path):
+    (tmp_path / "images" / "train").mkdir(parents=True)
+    data = image_folder(tmp_path / "images")
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "images" / "train"))):
+        data.train_loader()
+
+
+def test_image_folder_with_empty_class_folders(tmp_path):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES}, num_images=0)
+    with pytest.raises(DataError, match="train"):
+        image_folder(root).train_loader()
+
+
+def test_image_folder_val_classes_must_match_train(tmp_path):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": ["cat", "dog"]})
+    data = image_folder(root)
+    with pytest.raises(DataError, match="differ") as error:
+        data.val_loader()
+    assert str(root / "val") in str(error.value)
+
+
+def test_image_folder_unknown_preset(tmp_path):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES})
+    with pytest.raises(ValueError, match="unknown preset 'mnist'"):
+        image_folder(root, preset="mnist")
+
+
+# --- real images -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=f"no real-image sample at {SAMPLE_DIR}")
+def test_train_on_real_cifar_images_beats_chance(make_config, tmp_path):
+    epochs = 8
+    config_path = make_config(
+        "configs/demo.json",
+        **{
+            "data_loader": {
+                "type": "ImageFolderDataLoader",
+                "args": {
+                    "data_dir": str(SAMPLE_DIR),
+                    "preset": "cifar",
+                    "batch_size": 64,
+                    "shuffle": True,
+                    "validation_split": 0.0,  # use val/: 500 held-out images
+                    "num_workers": 0,
+                    "pin_memory": False,
+                },
+            },
+            "arch.args.widths": [16, 32, 64],
+            "arch.args.convs_per_block": 1,
+            "optimizer.args.lr": 0.003,
+            "lr_scheduler.args.T_max": epochs,
+            "trainer.epochs": epochs,
+            "trainer.tensorboard": False,
+        },
+    )
+    assert json.loads(config_path.read_text())["lr_scheduler"]["type"] == "CosineAnnealingLR"
+    start = time.perf_counter()
+    result = run_script("train.py", "-c", str(config_path))
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2000 training samples, 500 validation samples, 10 classes" in result.stdout
+
+    logged = re.findall(rf"epoch {epochs}/{epochs} .*val/accuracy ([0-9.]+)", result.stdout)
+    assert len(logged) == 1, result.stdout[-3000:]
+    (run_dir,) = checkpoint_dirs(tmp_path / "saved")
+    checkpoint = torch.load(run_dir / f"checkpoint-epoch{epochs}.pth", weights_only=True)
+    accuracy = checkpoint["metrics"]["val/accuracy"]
+    assert float(logged[0]) == pytest.approx(accuracy, abs=5e-4)  # logged with 4 digits
+    print(
+        f"real CIFAR-10 sample: val/accuracy {accuracy:.3f} after {epochs} epochs, {seconds:.1f} s"
+    )
+    assert accuracy > 0.30  # chance is 0.10

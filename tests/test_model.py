@@ -1,0 +1,207 @@
+"""Models, abstract bases and the exact (sample-weighted) metric bookkeeping of the trainer."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from base import BaseDataLoader, BaseModel, BaseTrainer
+from model.loss import cross_entropy
+from model.metric import accuracy, top_k_acc
+from model.model import CifarCNN, TorchvisionModel
+from trainer.trainer import batch_sums, evaluate, to_metrics
+
+METRIC_FNS = {"accuracy": accuracy, "top_k_acc": top_k_acc}
+
+
+# in_shape, widths, convs_per_block, the head's in_features worked out by hand
+# (last width x (H // 2^blocks) x (W // 2^blocks)).
+HEAD_CASES = [
+    pytest.param((3, 32, 32), [8, 16], 1, 16 * 8 * 8, id="3x32x32-2blocks"),
+    pytest.param((3, 32, 32), [8, 16, 32], 2, 32 * 4 * 4, id="3x32x32-3blocks-2convs"),
+    pytest.param((3, 64, 48), [4, 8, 8, 16], 1, 16 * 4 * 3, id="3x64x48-4blocks"),
+    # 28 -> 14 -> 7 -> 3: odd sizes round down.
+    pytest.param((1, 28, 28), [4, 8, 16], 2, 16 * 3 * 3, id="1x28x28-3blocks-2convs"),
+    pytest.param((1, 28, 28), [4, 4, 8, 8], 3, 8 * 1 * 1, id="1x28x28-4blocks-3convs"),
+]
+
+
+@pytest.mark.parametrize(("in_shape", "widths", "convs_per_block", "in_features"), HEAD_CASES)
+def test_cifar_cnn_head_matches_the_feature_map(in_shape, widths, convs_per_block, in_features):
+    model = CifarCNN(
+        in_shape=in_shape, num_classes=7, widths=widths, convs_per_block=convs_per_block
+    )
+    assert model.head.in_features == in_features
+    num_convs = sum(isinstance(layer, nn.Conv2d) for layer in model.features)
+    assert num_convs == len(widths) * convs_per_block
+    # The forward pass is the real check: a wrong in_features fails in the Linear layer.
+    output = model(torch.randn(3, *in_shape))
+    assert output.shape == (3, 7)
+
+
+@pytest.mark.parametrize(
+    ("in_shape", "widths"),
+    [
+        ((3, 8, 8), [4, 4, 4, 4]),  # 8 / 16 = 0
+        ((1, 28, 28), [4, 4, 4, 4, 4]),  # 28 / 32 = 0
+        ((3, 64, 8), [4, 4, 4, 4]),  # only the width is too small
+    ],
+)
+def test_cifar_cnn_rejects_an_input_too_small_for_its_blocks(in_shape, widths):
+    with pytest.raises(ValueError, match="too small"):
+        CifarCNN(in_shape=in_shape, widths=widths)
+
+
+class _Linear(BaseModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 3)  # 15 parameters
+        self.second = nn.Linear(3, 2)  # 8 parameters
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(inputs))
+
+
+def test_base_model_is_abstract_without_forward():
+    class NoForward(BaseModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(2, 2)
+
+    with pytest.raises(TypeError, match="abstract"):
+        NoForward()
+    assert _Linear()(torch.zeros(1, 4)).shape == (1, 2)
+
+
+def test_base_model_str_ends_with_trainable_parameter_count():
+    model = _Linear()
+    assert model.num_trainable_parameters() == 23
+    assert str(model).endswith("Trainable parameters: 23")
+    for parameter in model.first.parameters():
+        parameter.requires_grad_(False)
+    assert model.num_trainable_parameters() == 8
+    assert str(model).endswith("Trainable parameters: 8")
+
+
+def test_base_model_str_groups_thousands():
+    model = CifarCNN(widths=[8, 16], convs_per_block=1)
+    count = sum(parameter.numel() for parameter in model.parameters())
+    assert count > 1000
+    assert str(model).endswith(f"Trainable parameters: {count:,}")
+
+
+def test_torchvision_model_by_name():
+    model = TorchvisionModel("resnet18", num_classes=10).eval()
+    with torch.no_grad():
+        output = model(torch.randn(2, 3, 64, 64))
+    assert output.shape == (2, 10)
+    assert isinstance(model, BaseModel)
+
+
+def test_torchvision_model_unknown_name():
+    with pytest.raises(ValueError, match="no_such_net"):
+        TorchvisionModel("no_such_net", num_classes=10)
+
+
+def test_base_data_loader_and_trainer_are_abstract():
+    with pytest.raises(TypeError, match="abstract"):
+        BaseDataLoader(batch_size=8, seed=0)
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="abstract"):
+        BaseTrainer(model, optimizer, config={}, device=torch.device("cpu"))
+
+
+def test_metrics_count_hits_by_hand():
+    output = torch.tensor(
+        [
+            [0.1, 0.5, 0.4, 0.0, -1.0],  # target 2 ranked 2nd
+            [0.9, 0.0, 0.05, 0.05, -1.0],  # target 0 ranked 1st
+            [0.2, 0.1, 0.3, 0.4, -1.0],  # target 0 ranked 3rd
+            [0.4, 0.3, 0.2, 0.1, 0.0],  # target 3 ranked 4th
+        ]
+    )
+    targets = torch.tensor([2, 0, 0, 3])
+    assert accuracy(output, targets).item() == 1
+    assert top_k_acc(output, targets, k=1).item() == 1
+    assert top_k_acc(output, targets, k=2).item() == 2
+    assert top_k_acc(output, targets).item() == 3  # k defaults to 3
+    assert top_k_acc(output, targets, k=4).item() == 4
+    assert top_k_acc(output, targets, k=10).item() == 4  # k above the class count means all
+
+
+@pytest.fixture
+def logits_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(74, 10, generator=generator) * 2  # (N, C)
+    targets = torch.randint(10, (74,), generator=generator)  # (N,)
+    return logits, targets
+
+
+def test_batch_sums_give_whole_set_metrics_for_uneven_batches(logits_and_targets):
+    logits, targets = logits_and_targets
+    sizes = [7, 32, 32, 3]
+    totals = sum(
+        batch_sums(output, target, cross_entropy(output, target), METRIC_FNS)
+        for output, target in zip(logits.split(sizes), targets.split(sizes), strict=True)
+    )
+    metrics = to_metrics(totals, METRIC_FNS, "val")
+
+    num_samples = len(targets)
+    assert metrics["val/num_samples"] == num_samples
+    # Counts divided by the count: exact, not approximately equal.
+    assert metrics["val/accuracy"] == accuracy(logits, targets).item() / num_samples
+    assert metrics["val/top_k_acc"] == top_k_acc(logits, targets).item() / num_samples
+    full_loss = F.cross_entropy(logits, targets).item()
+    assert metrics["val/loss"] == pytest.approx(full_loss, abs=1e-6)
+
+    # The mean of per-batch means is what a naive loop reports; it is wrong here,
+    # so the assertions above do tell the two apart.
+    batch_accuracies = [
+        accuracy(output, target).item() / len(target)
+        for output, target in zip(logits.split(sizes), targets.split(sizes), strict=True)
+    ]
+    batch_losses = [
+        F.cross_entropy(output, target).item()
+        for output, target in zip(logits.split(sizes), targets.split(sizes), strict=True)
+    ]
+    assert abs(sum(batch_accuracies) / len(sizes) - metrics["val/accuracy"]) > 0.01
+    assert abs(sum(batch_losses) / len(sizes) - metrics["val/loss"]) > 0.01
+
+
+def test_evaluate_over_a_loader_with_a_short_last_batch(logits_and_targets):
+    logits, targets = logits_and_targets
+    # The "model" passes its input through, so the loader's images are the logits.
+    loader = DataLoader(TensorDataset(logits, targets), batch_size=32)  # 32, 32, 10
+    metrics, per_class = evaluate(
+        nn.Identity(),
+        loader,
+        cross_entropy,
+        METRIC_FNS,
+        torch.device("cpu"),
+        prefix="test",
+        num_classes=10,
+    )
+    num_samples = len(targets)
+    assert metrics["test/num_samples"] == num_samples
+    assert metrics["test/accuracy"] == accuracy(logits, targets).item() / num_samples
+    assert metrics["test/top_k_acc"] == top_k_acc(logits, targets).item() / num_samples
+    assert metrics["test/loss"] == pytest.approx(F.cross_entropy(logits, targets).item(), abs=1e-6)
+
+    assert per_class.shape == (2, 10)
+    assert per_class[1].sum().item() == num_samples
+    assert torch.equal(per_class[1], torch.bincount(targets, minlength=10))
+    correct = logits.argmax(dim=1) == targets
+    assert torch.equal(per_class[0], torch.bincount(targets[correct], minlength=10))
+    assert per_class[0].sum().item() == correct.sum().item()
+
+
+def test_evaluate_without_num_classes_returns_no_per_class_counts(logits_and_targets):
+    logits, targets = logits_and_targets
+    loader = DataLoader(TensorDataset(logits, targets), batch_size=50)
+    metrics, per_class = evaluate(
+        nn.Identity(), loader, cross_entropy, {}, torch.device("cpu"), prefix="val"
+    )
+    assert per_class is None
+    assert set(metrics) == {"val/loss", "val/num_samples"}
