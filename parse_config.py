@@ -81,6 +81,16 @@ TOP_LEVEL: dict[str, tuple[Any, Check | str]] = {
     "metrics": ([], STRING_LIST),
     "lr_scheduler": (None, "section"),
     "trainer": (REQUIRED, "trainer"),
+    "distributed": ({}, "distributed"),
+}
+
+# The "distributed" section (used only under torchrun).
+DISTRIBUTED: dict[str, tuple[Any, Check]] = {
+    "backend": (
+        None,
+        (lambda v: v in (None, "nccl", "gloo"), '"nccl", "gloo" or null (automatic)'),
+    ),
+    "sync_bn": (False, BOOL),
 }
 
 TRAINER: dict[str, tuple[Any, Check]] = {
@@ -97,6 +107,7 @@ TRAINER: dict[str, tuple[Any, Check]] = {
     "deterministic": (False, BOOL),
     "nonfinite": ("stop", (lambda v: v in ("stop", "skip"), '"stop" or "skip"')),
     "max_skipped_steps": (10, NON_NEGATIVE_INT),
+    "auto_resume": (False, BOOL),
 }
 
 # Arguments inside {"type", "args"} sections that are common enough to check up front.
@@ -196,6 +207,9 @@ def with_defaults(config: dict) -> dict:
             config[name].setdefault("args", {})
     if isinstance(config.get("lr_scheduler"), dict):
         config["lr_scheduler"].setdefault("interval", "epoch")
+    if isinstance(config.get("distributed"), dict):
+        for key, (default, _) in DISTRIBUTED.items():
+            config["distributed"].setdefault(key, default)
     return config
 
 
@@ -256,9 +270,9 @@ def validate(config: dict, source: str) -> dict:
         if check == "section":
             if not (key == "lr_scheduler" and value is None):
                 _validate_section(key, value, source)
-        elif check == "trainer":
+        elif check in ("trainer", "distributed"):
             if not isinstance(value, dict):
-                raise ConfigError(f"{source}: trainer: must be an object {{...}}")
+                raise ConfigError(f"{source}: {key}: must be an object {{...}}")
         else:
             _check_value(value, check, key, source)
     trainer = config["trainer"]
@@ -269,6 +283,12 @@ def validate(config: dict, source: str) -> dict:
         if key not in trainer:
             raise ConfigError(f"{source}: trainer.{key}: missing required key")
         _check_value(trainer[key], check, f"trainer.{key}", source)
+    for key, value in config["distributed"].items():
+        if key not in DISTRIBUTED:
+            raise ConfigError(
+                f"{source}: distributed.{key}: unknown key (known: {', '.join(DISTRIBUTED)})"
+            )
+        _check_value(value, DISTRIBUTED[key][1], f"distributed.{key}", source)
     parse_monitor(trainer["monitor"], config["metrics"], source)
     return config
 
@@ -296,13 +316,12 @@ class ConfigParser:
     ) -> None:
         self.source = source
         self.config = validate(config, source)
+        # Whether the user named the run (--run-id, or resuming one): else main() may pick
+        # a shared default for all ranks under torchrun.
+        self.run_id_given = run_id is not None
         self.run_id = run_id or new_run_id()
         self.resume = resume
-        save_dir = Path(self.config["trainer"]["save_dir"])
-        name = self.config["name"]
-        # Resuming continues in the checkpoint's own folder, wherever it has been moved to.
-        self.checkpoint_dir = run_dir or save_dir / "models" / name / self.run_id
-        self.log_dir = save_dir / "log" / name / self.run_id
+        self.run_dir = run_dir
         self.monitor_mode, self.monitor_key = parse_monitor(
             self.config["trainer"]["monitor"], self.config["metrics"], source
         )
@@ -352,6 +371,17 @@ class ConfigParser:
         if run_dir is not None:
             run_id = run_id or run_dir.name
         return cls(config, source=source, run_id=run_id, resume=resume, run_dir=run_dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """saved/models/<name>/<run_id>; resuming continues in the checkpoint's own folder."""
+        save_dir = Path(self.config["trainer"]["save_dir"])
+        return self.run_dir or save_dir / "models" / self.config["name"] / self.run_id
+
+    @property
+    def log_dir(self) -> Path:
+        """saved/log/<name>/<run_id>."""
+        return Path(self.config["trainer"]["save_dir"]) / "log" / self.config["name"] / self.run_id
 
     def __getitem__(self, name: str) -> Any:
         return self.config[name]

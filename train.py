@@ -9,11 +9,15 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from parse_config import ConfigParser
+    from utils.distributed import ProcessInfo
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,7 +67,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(config: "ConfigParser") -> None:
+    from utils.distributed import close_distributed, init_distributed
+
+    # Under torchrun: join the process group; otherwise a single process (rank 0 of 1).
+    info = init_distributed(config["distributed"]["backend"])
+    try:
+        train(config, info)
+    finally:
+        close_distributed()
+
+
+def train(config: "ConfigParser", info: "ProcessInfo") -> None:
     import torch
+    from torch.nn.parallel import DistributedDataParallel
 
     import data_loader.data_loaders as data_module
     import model.loss as loss_module
@@ -72,10 +88,11 @@ def run(config: "ConfigParser") -> None:
     from logger import setup_logging
     from trainer import Trainer
     from utils import UserError, seed_everything, select_device
-    from utils.checkpoint import write_text_atomic
+    from utils.distributed import broadcast_object, is_distributed
 
+    verbosity = config["trainer"]["verbosity"]
     # Console only until every check has passed: a bad input must not leave a run folder behind.
-    setup_logging(None, verbosity=config["trainer"]["verbosity"])
+    setup_logging(None, verbosity=verbosity, rank=info.rank)
     logger = logging.getLogger("train")
     seed_everything(config["seed"])
     if config["trainer"]["deterministic"]:
@@ -83,10 +100,20 @@ def run(config: "ConfigParser") -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
-    device = select_device(config["n_gpu"], logger)
+    device = select_device(config["n_gpu"], logger, local_rank=info.local_rank)
+    if not config.run_id_given:
+        config.run_id = default_run_id(config.run_id, broadcast_object)
 
-    data = config.init_obj("data_loader", data_module, seed=config["seed"])
+    data = config.init_obj(
+        "data_loader",
+        data_module,
+        seed=config["seed"],
+        rank=info.rank,
+        num_replicas=info.world_size,
+    )
     model = config.init_obj("arch", arch_module).to(device)
+    if info.world_size > 1 and config["distributed"]["sync_bn"]:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     criterion = config.lookup(loss_module, config["loss"], "loss")
     metric_fns = {
         name: config.lookup(metric_module, name, f"metrics[{index}]")
@@ -98,32 +125,73 @@ def run(config: "ConfigParser") -> None:
     lr_scheduler = None
     if config["lr_scheduler"] is not None:
         lr_scheduler = config.init_obj("lr_scheduler", torch.optim.lr_scheduler, optimizer)
+    if is_distributed():
+        model = DistributedDataParallel(
+            model, device_ids=None if device.index is None else [device.index]
+        )
     trainer = Trainer(
         model, criterion, metric_fns, optimizer,
-        config=config, device=device, data=data, lr_scheduler=lr_scheduler, logger=logger,
+        config=config, device=device, data=data, lr_scheduler=lr_scheduler, logger=logger, rank=info.rank,
     )  # fmt: skip
-    if config.resume is not None:
-        trainer.resume(config.resume)
 
-    checkpoint_dir = config.checkpoint_dir
-    if config.resume is None and checkpoint_dir.is_dir() and any(checkpoint_dir.iterdir()):
-        raise UserError(
-            f"{checkpoint_dir}: this run already exists; resume it with -r <checkpoint> "
-            "or choose another --run-id"
-        )
-    try:
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        config.log_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(
-            checkpoint_dir / "config.json", json.dumps(config.config, indent=4) + "\n"
-        )
-    except OSError as error:
-        raise UserError(
-            f"{error.filename or checkpoint_dir}: cannot write the run folder ({error.strerror}); "
-            "check trainer.save_dir"
-        ) from None
-    setup_logging(config.log_dir, verbosity=config["trainer"]["verbosity"])
+    # Rank 0 inspects the run folder and decides for every rank: the others must not race its
+    # writes, and an error must stop them all rather than leave them waiting.
+    resume, error = broadcast_object(find_resume_point(config) if info.is_main else None)
+    if error:
+        raise UserError(error)
+    if resume is not None:
+        trainer.resume(resume)
+    error = prepare_run_folder(config) if info.is_main else None
+    if broadcast_object(error):
+        raise UserError(error)
+    setup_logging(config.log_dir, verbosity=verbosity, rank=info.rank)
     trainer.train()
+
+
+def default_run_id(own: str, broadcast: Callable[[object], object]) -> str:
+    """One run id for every rank. Under torchrun: the rendezvous id, which stays the same when an
+    elastic restart relaunches the workers, so they find their run again."""
+    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if elastic_id != "none" and re.fullmatch(r"[A-Za-z0-9._-]+", elastic_id):
+        return elastic_id
+    return str(broadcast(own))
+
+
+def find_resume_point(config: "ConfigParser") -> tuple[Path | None, str | None]:
+    """(checkpoint to start from, error): -r, else auto-resume, else a fresh run in a new folder."""
+    from utils.checkpoint import latest_checkpoint
+
+    if config.resume is not None:
+        return config.resume, None
+    run_dir = config.checkpoint_dir
+    latest = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    # An elastic restart is by definition the same run.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if config["trainer"]["auto_resume"] or restarted:
+        return latest, None
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        return None, (
+            f"{run_dir}: this run already exists; resume it with -r {run_dir}, set "
+            "trainer.auto_resume, or choose another --run-id"
+        )
+    return None, None
+
+
+def prepare_run_folder(config: "ConfigParser") -> str | None:
+    """Create the run's folders and write its effective config; an error message on failure."""
+    from utils.checkpoint import write_text_atomic
+
+    try:
+        config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(config.config, indent=4) + "\n"
+        write_text_atomic(config.checkpoint_dir / "config.json", text)
+    except OSError as error:
+        return (
+            f"{error.filename or config.checkpoint_dir}: cannot write the run folder "
+            f"({error.strerror}); check trainer.save_dir"
+        )
+    return None
 
 
 if __name__ == "__main__":

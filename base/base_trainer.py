@@ -31,6 +31,7 @@ from utils.checkpoint import (
     sorted_checkpoints,
     write_text_atomic,
 )
+from utils.distributed import all_reduce_max
 from utils.monitor import Monitor
 from utils.signals import StopRequest
 
@@ -171,6 +172,9 @@ class BaseTrainer(abc.ABC):
         # The last epoch (also an early-stopped or interrupted one) is always saved, so a run
         # always ends resumable.
         path = self.checkpoint_dir / f"checkpoint-epoch{epoch}.pth"
+        # A signal that came during validation: every rank must agree to stop here.
+        signum = torch.tensor(self.stop.signum or 0, device=self.device)
+        self.stop.signum = int(all_reduce_max(signum).item()) or None
         stopping = self.monitor.should_stop or self.stop.signum is not None
         if epoch % self.save_period == 0 or epoch == self.epochs or stopping:
             self._save(state, path)

@@ -14,7 +14,8 @@ def setup_logging(
 ) -> None:
     """Console logging, plus log_dir/info.log when log_dir is given and this is rank 0.
 
-    Other ranks only log warnings and errors, tagged with their rank, and write no file.
+    Other ranks log only warnings and errors (everything at verbosity 2), tagged with their
+    rank, and write no file.
     """
     config = json.loads(Path(config_path).read_text(encoding="utf-8"))
     handlers = config["handlers"]
@@ -25,7 +26,8 @@ def setup_logging(
                 config["root"]["handlers"].remove(name)
             else:
                 handler["filename"] = str(Path(log_dir) / handler["filename"])
-    config["root"]["level"] = LEVELS[verbosity] if rank == 0 else logging.WARNING
+    # Other ranks repeat rank 0's lines, so they stay quiet unless debugging (verbosity 2).
+    config["root"]["level"] = LEVELS[verbosity] if rank == 0 or verbosity == 2 else logging.WARNING
     if rank != 0:
         for formatter in config["formatters"].values():
             formatter["format"] = f"[rank {rank}] {formatter['format']}"

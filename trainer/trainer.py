@@ -16,7 +16,7 @@ from tqdm import tqdm
 from base import BaseDataLoader, BaseTrainer
 from base.base_data_loader import DataError
 from base.base_trainer import StopInEpoch, TrainingError
-from utils.distributed import all_reduce_sum
+from utils.distributed import all_reduce_max, all_reduce_sum, is_distributed, sync_buffers
 
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -75,15 +75,17 @@ class Trainer(BaseTrainer):
     def on_train_start(self) -> None:
         model = getattr(self.model, "module", self.model)
         self.logger.info("%s", model)
-        num_val = len(self.val_loader.sampler) if self.val_loader is not None else 0
+        num_processes = self.data.num_replicas
         self.logger.info(
-            "Data: %d training samples, %d validation samples, %d classes; %d batches of %d per epoch "
-            "on %s.",
-            len(self.train_loader.sampler),
-            num_val,
+            "Data: %d training samples, %d validation samples, %d classes; %d batches per epoch. "
+            "Global batch %d = %d per process x %d process(es), on %s.",
+            len(self.train_loader.sampler.indices),
+            len(self.val_loader.sampler.indices) if self.val_loader is not None else 0,
             len(self.data.class_names()),
             self.len_epoch,
+            self.train_loader.batch_size * num_processes,
             self.train_loader.batch_size,
+            num_processes,
             self.device,
         )
         self.logger.info("Outputs: %s and %s", self.checkpoint_dir, self.config.log_dir)
@@ -105,13 +107,14 @@ class Trainer(BaseTrainer):
         # [loss sum, one sum per metric, sample count], accumulated on the device.
         totals = torch.zeros(len(self.metric_fns) + 2, dtype=torch.float64, device=self.device)
         first_batch = self.resume_batch  # > 0 when resuming inside this epoch
-        if self.resume_totals is not None:
+        if self.resume_totals is not None and self.rank == 0:
             totals += self.resume_totals.to(self.device)
         self.resume_batch, self.resume_totals = 0, None
         logged = totals.clone()
         # The first step of this epoch whose loss was not finite (0: none yet), kept on the device.
         first_nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
         start, num_samples = time.perf_counter(), 0
+        stop_signum = 0
         progress = tqdm(
             total=self.len_epoch,
             initial=first_batch,
@@ -125,8 +128,9 @@ class Trainer(BaseTrainer):
             targets = targets.to(self.device, non_blocking=True)  # (B,)
             output = self.model(images)  # (B, num_classes)
             loss = self.criterion(output, targets)
-            # "skip" must decide before stepping, so it reads the loss every step (a host sync).
-            if self.nonfinite == "skip" and not torch.isfinite(loss):
+            # "skip" must decide before stepping, so it reads the loss every step (a host sync);
+            # under torchrun every rank skips when any rank's loss is not finite.
+            if self.nonfinite == "skip" and all_reduce_max((~torch.isfinite(loss)).int()).item():
                 self.skip_step(epoch, step)
                 continue
             self.optimizer.zero_grad(set_to_none=True)
@@ -142,25 +146,39 @@ class Trainer(BaseTrainer):
                 first_nonfinite = torch.where(is_new_fault, step, first_nonfinite)
 
             if step % self.log_step == 0 or step == self.len_epoch:
-                # The only host-device sync inside the loop: once every log_step steps.
-                interval = torch.cat([totals - logged, first_nonfinite.view(1)]).tolist()
+                # The only host-device sync inside the loop: once every log_step steps. Under
+                # torchrun the fault and stop flags are agreed on here, so that every rank stops
+                # at the same step.
+                flags = torch.stack(
+                    [first_nonfinite, first_nonfinite.new_tensor(self.stop.signum or 0)]
+                )
+                all_reduce_max(flags)
+                *interval, first_fault, stop_signum = torch.cat(
+                    [totals - logged, flags.double()]
+                ).tolist()
                 logged = totals.clone()
-                if interval[-1]:
+                if first_fault:
                     raise TrainingError(
-                        f"non-finite loss at epoch {epoch}, step {int(interval[-1])} "
+                        f"non-finite loss at epoch {epoch}, step {int(first_fault)} "
                         '(trainer.nonfinite is "stop"); lower the learning rate, check the data, '
                         'or set trainer.nonfinite to "skip". Checkpoints saved so far are intact.'
                     )
-                interval_loss = interval[0] / interval[-2]
+                interval_loss = interval[0] / interval[-1]
                 self.writer.add_scalar("train/step_loss", interval_loss, self.global_step)
                 progress.set_postfix(
                     loss=f"{interval_loss:.4f}",
                     samples_per_s=f"{num_samples / (time.perf_counter() - start):.0f}",
                 )
                 progress.update(step - progress.n)
-            if self.stop.signum is not None and step < self.len_epoch:
+            # Stop after this step when asked: at once in a single process; under torchrun at
+            # the interval where the ranks agreed on it (above).
+            if not is_distributed():
+                stop_signum = self.stop.signum or 0
+            if stop_signum and step < self.len_epoch:
+                self.stop.signum = int(stop_signum)
                 progress.close()
-                raise StopInEpoch(step, totals)
+                # The checkpoint keeps the sums over all ranks; rank 0 alone adds them back.
+                raise StopInEpoch(step, all_reduce_sum(totals.clone()))
         progress.close()
         return to_metrics(all_reduce_sum(totals), self.metric_fns, "train")
 
@@ -183,8 +201,12 @@ class Trainer(BaseTrainer):
     def validate(self) -> dict[str, float]:
         if self.val_loader is None:
             return {}
+        # The plain module, with rank 0's BatchNorm statistics on every rank: a DDP forward could
+        # sync buffers, which hangs when ranks hold different numbers of validation batches.
+        model = getattr(self.model, "module", self.model)
+        sync_buffers(model)
         metrics, _ = evaluate(
-            self.model, self.val_loader, self.criterion, self.metric_fns, self.device, prefix="val"
+            model, self.val_loader, self.criterion, self.metric_fns, self.device, prefix="val"
         )
         del metrics["val/num_samples"]  # the same every epoch: logged once at the start
         return metrics

@@ -57,8 +57,8 @@ def set_rng_state(state: dict) -> None:
             torch.cuda.set_rng_state(state["cuda"][index], index)
 
 
-def select_device(n_gpu: int, logger: logging.Logger) -> torch.device:
-    """cuda:0 when n_gpu > 0 and CUDA is present, else the CPU."""
+def select_device(n_gpu: int, logger: logging.Logger, *, local_rank: int = 0) -> torch.device:
+    """cuda:local_rank when n_gpu > 0 and CUDA is present, else the CPU."""
     if n_gpu > 0 and torch.cuda.device_count() == 0:
         logger.info("No CUDA device available: running on the CPU.")
         return torch.device("cpu")
@@ -66,4 +66,4 @@ def select_device(n_gpu: int, logger: logging.Logger) -> torch.device:
         logger.warning(
             "n_gpu is %d: one process uses one GPU. Launch with torchrun for several GPUs.", n_gpu
         )
-    return torch.device("cuda", 0) if n_gpu > 0 else torch.device("cpu")
+    return torch.device("cuda", local_rank) if n_gpu > 0 else torch.device("cpu")

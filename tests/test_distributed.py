@@ -1,0 +1,211 @@
+"""torchrun on CPU with gloo: 2 processes, 2 "nodes" on loopback, elastic restart, and
+checkpoints moving between world sizes."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, SAMPLE_DIR, run_script, shrink
+
+RUN = Path("models") / "Demo_CifarCNN"
+EPOCH_LINE = re.compile(r"(\[rank (\d)\] )?epoch (\d+)/\d+  (.*?)  time/")
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return subprocess.run(
+        torchrun(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["data_loader"]["args"].update(num_train=640, validation_split=0.15)  # 96 val samples
+    config["trainer"].update(verbosity=2)  # every rank logs its epoch line, tagged with its rank
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_process_run(config_path: Path) -> dict:
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config_path), "--run-id", "ddp"
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {"run_dir": config_path.parent / "saved" / RUN / "ddp", "stdout": result.stdout}
+
+
+def epoch_lines(stdout: str) -> dict[int, dict[int, str]]:
+    """{rank: {epoch: "train/loss ... val/top_k_acc ..."}} from the console log."""
+    found: dict[int, dict[int, str]] = {}
+    for match in EPOCH_LINE.finditer(stdout):
+        rank = int(match.group(2) or 0)
+        found.setdefault(rank, {})[int(match.group(3))] = match.group(4)
+    return found
+
+
+def test_two_processes_agree_and_write_one_set_of_outputs(two_process_run: dict) -> None:
+    run_dir = two_process_run["run_dir"]
+    lines = epoch_lines(two_process_run["stdout"])
+    assert set(lines) == {0, 1} and set(lines[0]) == {1, 2}
+    assert lines[0] == lines[1]  # identical all-reduced metrics on both ranks
+    assert "Global batch 64 = 32 per process x 2 process(es)" in two_process_run["stdout"]
+
+    save_dir = run_dir.parents[2]
+    assert [path.name for path in (save_dir / "models" / "Demo_CifarCNN").iterdir()] == ["ddp"]
+    assert sorted(path.name for path in run_dir.iterdir()) == [
+        "checkpoint-epoch1.pth", "checkpoint-epoch2.pth", "config.json", "latest", "model_best.pth"
+    ]  # fmt: skip
+    info_log = (save_dir / "log" / "Demo_CifarCNN" / "ddp" / "info.log").read_text()
+    assert "epoch 2/2" in info_log and "[rank 1]" not in info_log
+    state = torch.load(run_dir / "checkpoint-epoch2.pth", weights_only=True)
+    assert not any(key.startswith("module.") for key in state["model"])
+    assert state["global_step"] == 2 * 9  # 544 samples / (32 x 2 ranks), rounded up
+
+
+def test_single_process_test_py_reproduces_the_distributed_validation(
+    two_process_run: dict, tmp_path: Path
+) -> None:
+    checkpoint = two_process_run["run_dir"] / "checkpoint-epoch2.pth"
+    output = tmp_path / "val.json"
+    result = run_script("test.py", "-r", str(checkpoint), "--split", "val", "--json", str(output))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(output.read_text())
+    recorded = torch.load(checkpoint, weights_only=True)["metrics"]
+    assert report["num_samples"] == 96
+    assert report["metrics"]["val/accuracy"] == recorded["val/accuracy"]
+    assert report["metrics"]["val/top_k_acc"] == recorded["val/top_k_acc"]
+    assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process_and_back(
+    two_process_run: dict, config_path: Path
+) -> None:
+    run_dir = two_process_run["run_dir"]
+    single = run_script("train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"), "--epochs", "3")
+    assert single.returncode == 0, single.stderr
+    assert "epoch 3/3" in single.stdout
+    back = run_torchrun(
+        "--standalone", "--nproc_per_node=2",
+        "train.py", "-r", str(run_dir / "checkpoint-epoch3.pth"), "--epochs", "4",
+    )  # fmt: skip
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    assert set(epoch_lines(back.stdout)[1]) == {4}
+    assert torch.load(run_dir / "checkpoint-epoch4.pth", weights_only=True)["epoch"] == 4
+
+
+def test_two_nodes_on_loopback(config_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    node_args = [
+        "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes",
+        "train.py", "-c", str(config_path), "--epochs", "1",
+    ]  # fmt: skip
+    nodes = [
+        subprocess.Popen(torchrun(*node_args), cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    # The default run id under torchrun is the rendezvous id, the same on both nodes.
+    run_dir = config_path.parent / "saved" / RUN / "two-nodes"
+    assert (run_dir / "checkpoint-epoch1.pth").is_file()
+    lines = epoch_lines("".join(outputs))
+    assert lines[0] == lines[1]
+
+
+def worker_pids(parent: int) -> list[int]:
+    """Processes whose parent is `parent` and that run train.py."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and b"train.py" in cmdline:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_a_killed_worker_is_restarted_and_the_run_resumes(config_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    command = torchrun(
+        "--nnodes=1", "--nproc_per_node=2", "--max-restarts=1", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic",
+        "train.py", "-c", str(config_path), "--epochs", "3", "--set", "trainer.len_epoch=60",
+    )  # fmt: skip
+    launcher = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    run_dir = config_path.parent / "saved" / RUN / "elastic"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoint-epoch1.pth").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.02)
+    workers = worker_pids(launcher.pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)  # mid epoch 2
+    output = launcher.communicate(timeout=300)[0]
+    assert launcher.returncode == 0, output[-4000:]
+    assert "Resumed from" in output
+    final = torch.load(run_dir / "checkpoint-epoch3.pth", weights_only=True)
+    assert final["epoch"] == 3 and final["global_step"] == 3 * 60
+    assert not (run_dir / "checkpoint-epoch4.pth").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=f"no real-image sample at {SAMPLE_DIR}")
+def test_imagenet_config_smoke_under_torchrun(tmp_path: Path) -> None:
+    overrides = {
+        "n_gpu": 0,
+        "data_loader.args.data_dir": str(SAMPLE_DIR),
+        "data_loader.args.image_size": 32,
+        "data_loader.args.batch_size": 16,
+        "data_loader.args.num_workers": 0,
+        "arch.args.name": "resnet18",
+        "arch.args.num_classes": 10,
+        "trainer.epochs": 1,
+        "trainer.len_epoch": 3,
+        "trainer.save_dir": str(tmp_path / "saved"),
+        "trainer.tensorboard": False,
+    }
+    sets = [
+        item for key, value in overrides.items() for item in ("--set", f"{key}={json.dumps(value)}")
+    ]
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "train.py", "-c", "configs/imagenet.json",
+        "--run-id", "smoke", *sets,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = tmp_path / "saved" / "models" / "ImageNet_ResNet50" / "smoke"
+    state = torch.load(run_dir / "checkpoint-epoch1.pth", weights_only=True)
+    assert state["global_step"] == 3 and 0 <= state["metrics"]["val/accuracy"] <= 1
