@@ -108,6 +108,22 @@ TRAINER: dict[str, tuple[Any, Check]] = {
     "nonfinite": ("stop", (lambda v: v in ("stop", "skip"), '"stop" or "skip"')),
     "max_skipped_steps": (10, NON_NEGATIVE_INT),
     "auto_resume": (False, BOOL),
+    "amp": (None, (lambda v: v in (None, "bf16", "fp16"), 'null, "bf16" or "fp16"')),
+    "channels_last": (False, BOOL),
+    "compile": (False, BOOL),
+    "compile_mode": (
+        "default",
+        (
+            lambda v: (
+                v in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+            ),
+            '"default", "reduce-overhead", "max-autotune" or "max-autotune-no-cudagraphs"',
+        ),
+    ),
+    "grad_accum_steps": (1, POSITIVE_INT),
+    "grad_clip": (None, _optional(POSITIVE_NUMBER)),
+    "cudnn_benchmark": (False, BOOL),
+    "tf32": (False, BOOL),
 }
 
 # Arguments inside {"type", "args"} sections that are common enough to check up front.
@@ -119,6 +135,8 @@ KNOWN_ARGS: dict[tuple[str, str], Check] = {
     ("data_loader", "validation_split"): VALIDATION_SPLIT,
     ("data_loader", "shuffle"): BOOL,
     ("data_loader", "pin_memory"): BOOL,
+    ("data_loader", "persistent_workers"): BOOL,
+    ("data_loader", "prefetch_factor"): _optional(POSITIVE_INT),
 }
 
 SECTION_KEYS = {"type", "args"}
@@ -289,6 +307,11 @@ def validate(config: dict, source: str) -> dict:
                 f"{source}: distributed.{key}: unknown key (known: {', '.join(DISTRIBUTED)})"
             )
         _check_value(value, DISTRIBUTED[key][1], f"distributed.{key}", source)
+    if trainer["deterministic"] and trainer["cudnn_benchmark"]:
+        raise ConfigError(
+            f"{source}: trainer.cudnn_benchmark: must be false when trainer.deterministic is true "
+            "(benchmarking picks kernels by timing)"
+        )
     parse_monitor(trainer["monitor"], config["metrics"], source)
     return config
 

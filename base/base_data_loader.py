@@ -115,6 +115,8 @@ class BaseDataLoader(abc.ABC):
         validation_split: float | int = 0.0,
         num_workers: int = 0,
         pin_memory: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
         rank: int = 0,
         num_replicas: int = 1,
     ) -> None:
@@ -124,6 +126,9 @@ class BaseDataLoader(abc.ABC):
         self.validation_split = validation_split
         self.num_workers = num_workers
         self.pin_memory = pin_memory and torch.cuda.is_available()
+        # Both only mean something with worker processes; DataLoader rejects them otherwise.
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.prefetch_factor = prefetch_factor if num_workers > 0 else None
         self.rank = rank
         self.num_replicas = num_replicas
         self._loaded: dict[str, Dataset] = {}
@@ -172,6 +177,8 @@ class BaseDataLoader(abc.ABC):
             generator=sampler.generator,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+            prefetch_factor=self.prefetch_factor,
             drop_last=drop_last,
         )
 

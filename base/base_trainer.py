@@ -23,6 +23,7 @@ from utils import (
     save_checkpoint,
     seed_everything,
     set_rng_state,
+    unwrap_model,
 )
 from utils.checkpoint import (
     LATEST,
@@ -34,6 +35,7 @@ from utils.checkpoint import (
 from utils.distributed import all_reduce_max
 from utils.monitor import Monitor
 from utils.signals import StopRequest
+from utils.timing import Stopwatch
 
 
 class Interrupted(Exception):
@@ -87,6 +89,10 @@ class BaseTrainer(abc.ABC):
         self.monitor = Monitor(
             config.monitor_mode, config.monitor_key, trainer_config["early_stop"]
         )
+        amp = trainer_config["amp"]
+        self.amp_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+        # fp16 gradients underflow without loss scaling; disabled, the scaler passes through.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
         self.start_epoch = 1
         self.global_step = 0
         # Where a mid-epoch checkpoint left off: batches already done and their metric sums.
@@ -146,6 +152,8 @@ class BaseTrainer(abc.ABC):
             # continues from the RNG state saved with it.)
             seed_everything(derive_seed(self.config["seed"], epoch, self.rank))
         start = time.perf_counter()
+        stopwatch = Stopwatch(self.device)
+        stopwatch.start()
         try:
             metrics = self.train_epoch(epoch)
         except StopInEpoch as stop:
@@ -155,10 +163,13 @@ class BaseTrainer(abc.ABC):
             state["resume_totals"] = stop.totals.cpu()
             self._save(state, path)
             raise Interrupted(self.stop.signum or signal.SIGTERM, path) from None
-        train_seconds = time.perf_counter() - start
+        train_seconds = stopwatch.stop()
         metrics.update(self.validate())
         metrics["time/epoch_seconds"] = time.perf_counter() - start
         metrics["time/train_samples_per_second"] = metrics.pop("train/num_samples") / train_seconds
+        # How much of the training time went to waiting for batches: near 1, the input pipeline
+        # is the bottleneck (more num_workers, faster transforms).
+        metrics["time/data_wait_fraction"] = metrics.pop("time/data_wait_seconds") / train_seconds
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         self._step_scheduler(metrics)
 
@@ -208,13 +219,14 @@ class BaseTrainer(abc.ABC):
 
     def checkpoint_state(self, epoch: int, metrics: dict[str, float]) -> dict:
         """Everything the next epoch depends on, as tensors and built-in types only."""
-        model = getattr(self.model, "module", self.model)  # unwrap DDP: no "module." prefixes
+        model = unwrap_model(self.model)
         return {
             "epoch": epoch,
             "global_step": self.global_step,
             "model": model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
+            "grad_scaler": self.scaler.state_dict(),
             "monitor": self.monitor.state_dict(),
             "metrics": metrics,
             "config": self.config.config,
@@ -257,6 +269,8 @@ class BaseTrainer(abc.ABC):
             except (ValueError, KeyError) as error:
                 raise CheckpointError(f"{path}: cannot restore {name} state: {error}") from None
             restored = True
+        if state.get("grad_scaler") and self.scaler.is_enabled():
+            self.scaler.load_state_dict(state["grad_scaler"])
         if not self.monitor.load_state_dict(state["monitor"]):
             self.logger.warning("The monitored metric changed: the best value starts afresh.")
         set_rng_state(state["rng"])

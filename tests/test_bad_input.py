@@ -391,7 +391,8 @@ CASES = [
     case(
         "train",
         lambda env: ["-c", env.config(), "--run-id", "base"],
-        "{run}: this run already exists; resume it with -r <checkpoint> or choose another --run-id",
+        "{run}: this run already exists; resume it with -r {run}, set trainer.auto_resume, "
+        "or choose another --run-id",
         case_id="run-id-exists",
     ),
     # Checkpoints to resume from.

@@ -46,7 +46,9 @@ def uninterrupted(config_path: Path) -> Path:
 
 
 def start_training(config_path: Path, run_id: str) -> subprocess.Popen:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    # The same environment as run_script's: bit-exactness holds for the same thread count
+    # (intra-op parallel reductions add in a different order with more threads).
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.Popen(
         [sys.executable, "train.py", "-c", str(config_path), "--run-id", run_id],
         cwd=ROOT,

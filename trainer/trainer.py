@@ -5,6 +5,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -16,7 +17,9 @@ from tqdm import tqdm
 from base import BaseDataLoader, BaseTrainer
 from base.base_data_loader import DataError
 from base.base_trainer import StopInEpoch, TrainingError
+from utils import unwrap_model
 from utils.distributed import all_reduce_max, all_reduce_sum, is_distributed, sync_buffers
+from utils.timing import DataWait
 
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -65,6 +68,10 @@ class Trainer(BaseTrainer):
         # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
         self.len_epoch = config["trainer"]["len_epoch"] or len(self.train_loader)
         self.log_step = config["trainer"]["log_step"]
+        trainer_config = config["trainer"]
+        self.channels_last = trainer_config["channels_last"]
+        self.grad_accum_steps = trainer_config["grad_accum_steps"]
+        self.grad_clip = trainer_config["grad_clip"]
         self.nonfinite = config["trainer"]["nonfinite"]
         self.max_skipped_steps = config["trainer"]["max_skipped_steps"]
         self.num_skipped_steps = 0
@@ -73,7 +80,7 @@ class Trainer(BaseTrainer):
         )
 
     def on_train_start(self) -> None:
-        model = getattr(self.model, "module", self.model)
+        model = unwrap_model(self.model)
         self.logger.info("%s", model)
         num_processes = self.data.num_replicas
         self.logger.info(
@@ -113,8 +120,8 @@ class Trainer(BaseTrainer):
         logged = totals.clone()
         # The first step of this epoch whose loss was not finite (0: none yet), kept on the device.
         first_nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
-        start, num_samples = time.perf_counter(), 0
-        stop_signum = 0
+        start, num_samples, stop_signum = time.perf_counter(), 0, 0
+        self.data_wait = DataWait()
         progress = tqdm(
             total=self.len_epoch,
             initial=first_batch,
@@ -122,26 +129,47 @@ class Trainer(BaseTrainer):
             disable=self.verbosity == 0 or self.rank != 0 or not sys.stderr.isatty(),
             leave=False,
         )
-        batches = self.epoch_batches(epoch, first_batch)
+        batches = self.data_wait.timed(self.epoch_batches(epoch, first_batch))
         for step, (images, targets) in enumerate(batches, start=first_batch + 1):
             images = images.to(self.device, non_blocking=True)  # (B, C, H, W)
             targets = targets.to(self.device, non_blocking=True)  # (B,)
-            output = self.model(images)  # (B, num_classes)
-            loss = self.criterion(output, targets)
-            # "skip" must decide before stepping, so it reads the loss every step (a host sync);
-            # under torchrun every rank skips when any rank's loss is not finite.
-            if self.nonfinite == "skip" and all_reduce_max((~torch.isfinite(loss)).int()).item():
-                self.skip_step(epoch, step)
-                continue
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-            if self.step_scheduler_per_batch:
-                self.lr_scheduler.step()
-            self.global_step += 1
+            if self.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            # Gradients add up over an accumulation group of batches, then one optimizer step.
+            # Each loss is divided by the group's size, so the step equals one on the big batch.
+            group_start = (step - 1) // self.grad_accum_steps * self.grad_accum_steps
+            group_size = min(self.grad_accum_steps, self.len_epoch - group_start)
+            steps_optimizer = step == group_start + group_size
+            # DDP all-reduces gradients in backward: only on the group's last batch.
+            no_sync = getattr(self.model, "no_sync", None)
+            with nullcontext() if steps_optimizer or no_sync is None else no_sync():
+                with torch.autocast(
+                    self.device.type, self.amp_dtype, enabled=self.amp_dtype is not None
+                ):
+                    output = self.model(images)  # (B, num_classes)
+                    loss = self.criterion(output, targets)
+                # "skip" must decide before stepping, so it reads the loss every step (a host
+                # sync); under torchrun every rank skips when any rank's loss is not finite.
+                if (
+                    self.nonfinite == "skip"
+                    and all_reduce_max((~torch.isfinite(loss)).int()).item()
+                ):
+                    self.skip_step(epoch, step)
+                    continue
+                self.scaler.scale(loss / group_size).backward()
+            if steps_optimizer:
+                if self.grad_clip is not None:
+                    self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
+                    nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.step_scheduler_per_batch:
+                    self.lr_scheduler.step()
+                self.global_step += 1
             num_samples += targets.shape[0]
             with torch.no_grad():
-                totals += batch_sums(output, targets, loss, self.metric_fns)
+                totals += batch_sums(output.float(), targets, loss.float(), self.metric_fns)
                 is_new_fault = ~torch.isfinite(loss) & (first_nonfinite == 0)
                 first_nonfinite = torch.where(is_new_fault, step, first_nonfinite)
 
@@ -170,20 +198,24 @@ class Trainer(BaseTrainer):
                     samples_per_s=f"{num_samples / (time.perf_counter() - start):.0f}",
                 )
                 progress.update(step - progress.n)
-            # Stop after this step when asked: at once in a single process; under torchrun at
-            # the interval where the ranks agreed on it (above).
+            # Stop after this step when asked (at the end of an accumulation group): at once in
+            # a single process; under torchrun at the interval where the ranks agreed on it.
             if not is_distributed():
                 stop_signum = self.stop.signum or 0
-            if stop_signum and step < self.len_epoch:
+            if stop_signum and steps_optimizer and step < self.len_epoch:
                 self.stop.signum = int(stop_signum)
                 progress.close()
                 # The checkpoint keeps the sums over all ranks; rank 0 alone adds them back.
                 raise StopInEpoch(step, all_reduce_sum(totals.clone()))
         progress.close()
-        return to_metrics(all_reduce_sum(totals), self.metric_fns, "train")
+        metrics = to_metrics(all_reduce_sum(totals), self.metric_fns, "train")
+        metrics["time/data_wait_seconds"] = self.data_wait.seconds
+        return metrics
 
     def skip_step(self, epoch: int, step: int) -> None:
-        """Drop a batch whose loss is not finite; give up after max_skipped_steps of them."""
+        """Drop a batch whose loss is not finite, with the gradients its accumulation group
+        gathered so far; give up after max_skipped_steps of them."""
+        self.optimizer.zero_grad(set_to_none=True)
         self.num_skipped_steps += 1
         self.logger.warning(
             "Skipped step %d of epoch %d: non-finite loss (%d skipped so far).",
@@ -203,11 +235,12 @@ class Trainer(BaseTrainer):
             return {}
         # The plain module, with rank 0's BatchNorm statistics on every rank: a DDP forward could
         # sync buffers, which hangs when ranks hold different numbers of validation batches.
-        model = getattr(self.model, "module", self.model)
+        model = unwrap_model(self.model)
         sync_buffers(model)
         metrics, _ = evaluate(
-            model, self.val_loader, self.criterion, self.metric_fns, self.device, prefix="val"
-        )
+            model, self.val_loader, self.criterion, self.metric_fns, self.device,
+            prefix="val", amp_dtype=self.amp_dtype, channels_last=self.channels_last,
+        )  # fmt: skip
         del metrics["val/num_samples"]  # the same every epoch: logged once at the start
         return metrics
 
@@ -263,6 +296,8 @@ def evaluate(
     *,
     prefix: str,
     num_classes: int | None = None,
+    amp_dtype: torch.dtype | None = None,
+    channels_last: bool = False,
 ) -> tuple[dict[str, float], torch.Tensor | None]:
     """Loss and metrics over every sample of `loader` exactly once (summed over ranks).
 
@@ -276,8 +311,13 @@ def evaluate(
     for images, targets in loader:
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
-        output = model(images)
-        totals += batch_sums(output, targets, criterion(output, targets), metric_fns)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device.type, amp_dtype, enabled=amp_dtype is not None):
+            output = model(images)
+            loss = criterion(output, targets)
+        output = output.float()
+        totals += batch_sums(output, targets, loss.float(), metric_fns)
         if per_class is not None:
             correct = output.argmax(dim=1) == targets
             per_class[0] += torch.bincount(targets[correct], minlength=num_classes)

@@ -8,6 +8,7 @@ from utils.util import (
     seed_everything,
     select_device,
     set_rng_state,
+    unwrap_model,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "seed_everything",
     "select_device",
     "set_rng_state",
+    "unwrap_model",
 ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from utils.util import UserError
+from utils.util import UserError, unwrap_model
 
 LATEST = "latest"  # a file in the run folder naming its newest complete checkpoint
 CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-batch(\d+))?\.pth")
@@ -95,7 +95,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
 
 def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
     """Load state["model"] into `model` (unwrapped from DDP); a mismatch is a CheckpointError."""
-    model = getattr(model, "module", model)
+    model = unwrap_model(model)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as error:

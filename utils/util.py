@@ -57,6 +57,20 @@ def set_rng_state(state: dict) -> None:
             torch.cuda.set_rng_state(state["cuda"][index], index)
 
 
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model inside DistributedDataParallel and torch.compile wrappers.
+
+    Checkpoints hold its state, so their keys carry no "module." or "_orig_mod." prefixes.
+    """
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
 def select_device(n_gpu: int, logger: logging.Logger, *, local_rank: int = 0) -> torch.device:
     """cuda:local_rank when n_gpu > 0 and CUDA is present, else the CPU."""
     if n_gpu > 0 and torch.cuda.device_count() == 0:
