@@ -11,8 +11,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 class StopRequest:
     """While entered, SIGTERM/SIGINT/SIGUSR1 set `signum` instead of killing the process.
 
-    The loop finishes its current step, saves a checkpoint and exits. A second signal gets
-    the default behaviour back (a second Ctrl-C raises KeyboardInterrupt at once).
+    The loop finishes its current step, saves a checkpoint and exits. A second Ctrl-C raises
+    KeyboardInterrupt at once; repeated SIGTERM/SIGUSR1 are ignored, because launchers send
+    them more than once (SLURM signals every process of the step, torchrun then forwards
+    SIGTERM to its workers) and the save must not be cut short.
     """
 
     def __init__(self) -> None:
@@ -27,11 +29,9 @@ class StopRequest:
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
-        for other in STOP_SIGNALS:
-            signal.signal(
-                other, signal.default_int_handler if other == signal.SIGINT else signal.SIG_DFL
-            )
+        if self.signum is None:
+            self.signum = signum
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def __exit__(
         self,
