@@ -54,13 +54,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate_checkpoint(config: "ConfigParser", split: str) -> dict:
+    import torch
+
     import data_loader.data_loaders as data_module
     import model.loss as loss_module
     import model.metric as metric_module
     import model.model as arch_module
     from logger import setup_logging
     from trainer import evaluate
-    from utils import load_checkpoint, seed_everything, select_device
+    from utils import amp_dtype, load_checkpoint, seed_everything, select_device
     from utils.checkpoint import load_model_state
 
     setup_logging(None, verbosity=1)
@@ -75,9 +77,14 @@ def evaluate_checkpoint(config: "ConfigParser", split: str) -> dict:
     metric_fns = {name: config.lookup(metric_module, name, "metrics") for name in config["metrics"]}
     class_names = data.class_names()
 
+    # The precision and memory format the run validated with, so --split val reproduces it.
+    trainer_config = config["trainer"]
+    if trainer_config["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
     metrics, per_class = evaluate(
         model, data.eval_loader(split), criterion, metric_fns, device,
         prefix=split, num_classes=len(class_names),
+        amp_dtype=amp_dtype(trainer_config["amp"]), channels_last=trainer_config["channels_last"],
     )  # fmt: skip
     num_samples = int(metrics.pop(f"{split}/num_samples"))
     correct, total = per_class.tolist()

@@ -17,6 +17,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from logger import TensorboardWriter
 from utils import (
+    amp_dtype,
     derive_seed,
     get_rng_state,
     load_checkpoint,
@@ -89,10 +90,9 @@ class BaseTrainer(abc.ABC):
         self.monitor = Monitor(
             config.monitor_mode, config.monitor_key, trainer_config["early_stop"]
         )
-        amp = trainer_config["amp"]
-        self.amp_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+        self.amp_dtype = amp_dtype(trainer_config["amp"])
         # fp16 gradients underflow without loss scaling; disabled, the scaler passes through.
-        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
         self.start_epoch = 1
         self.global_step = 0
         # Where a mid-epoch checkpoint left off: batches already done and their metric sums.

@@ -3,6 +3,7 @@
 from utils.checkpoint import load_checkpoint, save_checkpoint
 from utils.util import (
     UserError,
+    amp_dtype,
     derive_seed,
     get_rng_state,
     seed_everything,
@@ -13,6 +14,7 @@ from utils.util import (
 
 __all__ = [
     "UserError",
+    "amp_dtype",
     "derive_seed",
     "get_rng_state",
     "load_checkpoint",

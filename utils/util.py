@@ -57,6 +57,11 @@ def set_rng_state(state: dict) -> None:
             torch.cuda.set_rng_state(state["cuda"][index], index)
 
 
+def amp_dtype(amp: str | None) -> torch.dtype | None:
+    """trainer.amp ("bf16", "fp16" or None) as the dtype torch.autocast takes."""
+    return {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+
+
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The plain model inside DistributedDataParallel and torch.compile wrappers.
 

@@ -1,0 +1,102 @@
+"""K-fold cross-validation outputs: each finished fold's result, and the summary over all folds.
+
+A run of K folds keeps fold i in <run folder>/fold-<i>/. A fold is finished when its training
+returned (it ran to its last epoch or stopped early): train.py then writes fold-<i>/result.json.
+Once every fold has one, folds_summary.json in the run folder gives the mean and standard
+deviation over the folds; so folds run one at a time (--fold i) are summarised by the last to
+finish, wherever it ran.
+"""
+
+import json
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from utils.checkpoint import latest_checkpoint, load_checkpoint, write_text_atomic
+
+if TYPE_CHECKING:
+    from parse_config import ConfigParser
+
+RESULT = "result.json"
+SUMMARY = "folds_summary.json"
+
+
+def write_fold_result(config: "ConfigParser") -> dict:
+    """Record a finished fold: the epoch and metrics of its model_best.pth (of its last
+    checkpoint when trainer.monitor is off). Returns what was written."""
+    checkpoint_dir = config.checkpoint_dir
+    best = checkpoint_dir / "model_best.pth"
+    use_best = config.monitor_mode != "off" and best.is_file()
+    path = best if use_best else latest_checkpoint(checkpoint_dir)
+    state = load_checkpoint(path)
+    result = {
+        "fold": config.fold,
+        "checkpoint": path.name,
+        "epoch": state["epoch"],
+        "metrics": state["metrics"],
+    }
+    write_text_atomic(checkpoint_dir / RESULT, json.dumps(result, indent=4) + "\n")
+    return result
+
+
+def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> dict | None:
+    """Mean and sample standard deviation over the folds of the monitored metric and of every
+    validation metric, with each fold's value; None while a fold has no result yet.
+
+    monitor: (mode, key) as ConfigParser parses trainer.monitor, ("off", "") for none.
+    """
+    results = []
+    for fold in range(num_folds):
+        path = run_dir / f"fold-{fold}" / RESULT
+        if not path.is_file():
+            return None
+        results.append(json.loads(path.read_text(encoding="utf-8")))
+    mode, monitor_key = monitor
+    keys = [key for key in results[0]["metrics"] if key.startswith("val/")]
+    if monitor_key:
+        keys = [monitor_key, *(key for key in keys if key != monitor_key)]
+    metrics = {}
+    for key in keys:
+        values = [result["metrics"][key] for result in results if key in result["metrics"]]
+        if len(values) == num_folds:  # folds trained with other metrics leave theirs out
+            metrics[key] = {
+                "mean": statistics.fmean(values),
+                "std": statistics.stdev(values),
+                "folds": values,
+            }
+    return {
+        "num_folds": num_folds,
+        "monitor": f"{mode} {monitor_key}" if monitor_key else "off",
+        "folds": [
+            {
+                "fold": result["fold"],
+                "checkpoint": f"fold-{result['fold']}/{result['checkpoint']}",
+                "epoch": result["epoch"],
+            }
+            for result in results
+        ],
+        "metrics": metrics,
+    }
+
+
+def finish_fold(config: "ConfigParser") -> dict | None:
+    """Write the fold's result and, when every fold has one, the summary; returns the summary."""
+    write_fold_result(config)
+    run_dir = config.run_checkpoint_dir
+    summary = summarize_folds(run_dir, config.num_folds, (config.monitor_mode, config.monitor_key))
+    if summary is not None:
+        write_text_atomic(run_dir / SUMMARY, json.dumps(summary, indent=4) + "\n")
+    return summary
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The summary as log lines: one per metric, mean +- std and the value of each fold."""
+    chosen = "best epoch" if summary["monitor"] != "off" else "last epoch"
+    lines = [
+        f"Cross-validation over {summary['num_folds']} folds "
+        f"({chosen} of each fold, monitor {summary['monitor']}):"
+    ]
+    for key, values in summary["metrics"].items():
+        folds = " ".join(f"{value:.4f}" for value in values["folds"])
+        lines.append(f"  {key:<20} {values['mean']:.4f} +- {values['std']:.4f}  (folds: {folds})")
+    return lines
