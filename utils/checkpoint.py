@@ -4,7 +4,9 @@ import os
 import pickle
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -20,23 +22,9 @@ class CheckpointError(UserError):
     """A checkpoint file that is missing, unreadable, unsafe or not ours."""
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` in one step (temporary file, fsync, rename)."""
-    path = Path(path)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Write `state` to `path` atomically: a crash at any point leaves the old file intact.
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Replace `path` with what `write` puts in a file, in one step: a crash at any point leaves
+    the old file intact and no partial file under the name.
 
     The bytes go to a temporary file in the same folder (so the rename never crosses
     file systems), are flushed and fsynced, and only then renamed onto `path`.
@@ -45,7 +33,7 @@ def save_checkpoint(state: dict, path: Path) -> None:
     handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as file:
-            torch.save(state, file)
+            write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp_name, path)
@@ -58,6 +46,16 @@ def save_checkpoint(state: dict, path: Path) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (see write_atomic)."""
+    write_atomic(path, lambda file: file.write(text.encode("utf-8")))
+
+
+def save_checkpoint(state: dict, path: Path) -> None:
+    """torch.save `state` to `path` atomically (see write_atomic)."""
+    write_atomic(path, lambda file: torch.save(state, file))
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
