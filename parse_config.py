@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from base.base_data_loader import SAMPLERS
 from utils import UserError
 from utils.checkpoint import latest_checkpoint
 
@@ -68,6 +69,19 @@ VALIDATION_SPLIT: Check = (
     lambda v: (_is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v < 1.0),
     "a fraction in [0, 1) or a whole number of samples >= 0",
 )
+SAMPLER: Check = (
+    lambda v: isinstance(v, str) and v in SAMPLERS,
+    "one of " + ", ".join(f'"{name}"' for name in SAMPLERS),
+)
+CLASS_WEIGHTS: Check = (
+    lambda v: (
+        isinstance(v, list)
+        and all(_is_number(item) and item >= 0 for item in v)
+        and any(item > 0 for item in v)
+    ),
+    "a list of one number >= 0 per class, not all 0",
+)
+FOLDS: Check = (lambda v: _is_int(v) and v >= 2, "an integer >= 2")
 
 # Top-level keys: default (or REQUIRED) and check. "section" entries are {"type", "args"} dicts.
 TOP_LEVEL: dict[str, tuple[Any, Check | str]] = {
@@ -137,6 +151,18 @@ KNOWN_ARGS: dict[tuple[str, str], Check] = {
     ("data_loader", "pin_memory"): BOOL,
     ("data_loader", "persistent_workers"): BOOL,
     ("data_loader", "prefetch_factor"): _optional(POSITIVE_INT),
+    ("data_loader", "sampler"): SAMPLER,
+    ("data_loader", "replacement"): BOOL,
+    ("data_loader", "num_samples"): _optional(POSITIVE_INT),
+    ("data_loader", "class_weights"): _optional(CLASS_WEIGHTS),
+    ("data_loader", "folds"): _optional(FOLDS),
+    ("data_loader", "fold"): _optional(NON_NEGATIVE_INT),
+}
+# data_loader.args that only one kind of sampler reads: setting them for another is a mistake.
+SAMPLER_ARGS = {
+    "replacement": ("random",),
+    "num_samples": ("random", "weighted"),
+    "class_weights": ("weighted",),
 }
 
 SECTION_KEYS = {"type", "args"}
@@ -246,10 +272,41 @@ def _validate_section(name: str, section: Any, source: str) -> None:
     for key, value in section["args"].items():
         if (name, key) in KNOWN_ARGS:
             _check_value(value, KNOWN_ARGS[(name, key)], f"{name}.args.{key}", source)
+    if name == "data_loader":
+        _check_data_loader_args(section["args"], source)
     if name == "lr_scheduler" and section["interval"] not in SCHEDULER_INTERVALS:
         raise ConfigError(
             f"{source}: lr_scheduler.interval: must be one of {SCHEDULER_INTERVALS}, "
             f"got {json.dumps(section['interval'])}"
+        )
+
+
+def _check_data_loader_args(args: dict, source: str) -> None:
+    """data_loader.args that contradict each other: sampler options, shuffle, folds and fold."""
+    sampler = args.get("sampler", "random")
+    if args.get("shuffle") is False:
+        if sampler != "sequential" and "sampler" in args:
+            raise ConfigError(
+                f'{source}: data_loader.args.shuffle: false contradicts sampler "{sampler}"; '
+                "remove shuffle"
+            )
+        sampler = "sequential"  # shuffle false is the older spelling
+    for key, samplers in SAMPLER_ARGS.items():
+        if args.get(key) is not None and sampler not in samplers:
+            raise ConfigError(
+                f"{source}: data_loader.args.{key}: only used by sampler "
+                f"{' or '.join(json.dumps(name) for name in samplers)}, not {json.dumps(sampler)}; "
+                "remove it"
+            )
+    folds, fold = args.get("folds"), args.get("fold")
+    if fold is not None and folds is None:
+        raise ConfigError(
+            f"{source}: data_loader.args.fold: needs data_loader.args.folds, the number of folds"
+        )
+    if fold is not None and fold >= folds:
+        raise ConfigError(
+            f"{source}: data_loader.args.fold: must be a fold index from 0 to {folds - 1} "
+            f"(folds is {folds}), got {fold}"
         )
 
 
@@ -380,7 +437,15 @@ class ConfigParser:
             (["optimizer", "args", "lr"], getattr(args, "lr", None), "--lr"),
             (["data_loader", "args", "batch_size"], getattr(args, "bs", None), "--bs"),
             (["trainer", "epochs"], getattr(args, "epochs", None), "--epochs"),
+            (["data_loader", "args", "folds"], getattr(args, "folds", None), "--folds"),
+            (["data_loader", "args", "fold"], getattr(args, "fold", None), "--fold"),
         ]
+        fold_flags = [getattr(args, "folds", None), getattr(args, "fold", None)]
+        if run_dir is not None and fold_flags != [None, None]:
+            raise ConfigError(
+                f"--folds/--fold: {resume} continues its own run, folds included; "
+                "start a new run with -c CONFIG to cross-validate"
+            )
         for keys, value, flag in overrides:
             if value is not None:
                 apply_override(config, keys, value, flag)
@@ -393,18 +458,54 @@ class ConfigParser:
             raise ConfigError(f"--run-id {run_id!r}: must be {NAME[1]}")
         if run_dir is not None:
             run_id = run_id or run_dir.name
-        return cls(config, source=source, run_id=run_id, resume=resume, run_dir=run_dir)
+        parser = cls(config, source=source, run_id=run_id, resume=resume, run_dir=run_dir)
+        if run_dir is not None and run_dir.name == f"fold-{parser.fold}":
+            # A fold's checkpoints lie in <run folder>/fold-<i>/: its run is the folder above.
+            parser.run_dir = run_dir.parent
+            parser.run_id = getattr(args, "run_id", None) or run_dir.parent.name
+        return parser
 
     @property
-    def checkpoint_dir(self) -> Path:
-        """saved/models/<name>/<run_id>; resuming continues in the checkpoint's own folder."""
+    def fold(self) -> int | None:
+        """The cross-validation fold this run trains (data_loader.args.fold), or None."""
+        return self.config["data_loader"]["args"].get("fold")
+
+    @property
+    def num_folds(self) -> int | None:
+        """The number of cross-validation folds (data_loader.args.folds), or None."""
+        return self.config["data_loader"]["args"].get("folds")
+
+    def for_fold(self, fold: int) -> "ConfigParser":
+        """This config training cross-validation fold `fold`, in the same run folder."""
+        config = copy.deepcopy(self.config)
+        config["data_loader"]["args"]["fold"] = fold
+        return ConfigParser(
+            config, source=self.source, run_id=self.run_id, resume=self.resume, run_dir=self.run_dir
+        )
+
+    @property
+    def run_checkpoint_dir(self) -> Path:
+        """saved/models/<name>/<run_id>; resuming continues in the checkpoint's own run."""
         save_dir = Path(self.config["trainer"]["save_dir"])
         return self.run_dir or save_dir / "models" / self.config["name"] / self.run_id
 
     @property
-    def log_dir(self) -> Path:
+    def run_log_dir(self) -> Path:
         """saved/log/<name>/<run_id>."""
         return Path(self.config["trainer"]["save_dir"]) / "log" / self.config["name"] / self.run_id
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """This run's checkpoints: run_checkpoint_dir, or its fold-<i>/ when training one fold."""
+        return self._in_fold(self.run_checkpoint_dir)
+
+    @property
+    def log_dir(self) -> Path:
+        """This run's logs: run_log_dir, or its fold-<i>/ when training one fold."""
+        return self._in_fold(self.run_log_dir)
+
+    def _in_fold(self, run_dir: Path) -> Path:
+        return run_dir if self.fold is None else run_dir / f"fold-{self.fold}"
 
     def __getitem__(self, name: str) -> Any:
         return self.config[name]

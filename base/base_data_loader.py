@@ -1,7 +1,8 @@
 """Base class for data: train / validation / test DataLoaders from one set of splits.
 
 A subclass says how to load each split (untransformed (image, label) pairs) and which
-transform to apply; this class does the seeded validation split, the samplers and the loaders.
+transform to apply; this class does the validation split or cross-validation fold, the
+samplers, the loaders, and the checks and summary of the data before training.
 """
 
 import abc
@@ -14,18 +15,34 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils import UserError, derive_seed
 
+# data_loader.args.sampler: how each epoch draws the training data.
+SAMPLERS = ("random", "sequential", "subset_random", "weighted")
+
 
 class DataError(UserError):
     """Data that is missing, empty or unusable."""
+
+    def __init__(self, message: str) -> None:
+        # Raised in a DataLoader worker (an unreadable image), it is re-raised in the main
+        # process with the worker's whole traceback as its message: keep the line it raised.
+        if message.startswith("Caught DataError in DataLoader worker"):
+            message = message.rstrip().splitlines()[-1].partition("DataError: ")[2]
+        super().__init__(message)
 
 
 class EpochSampler(Sampler[int]):
     """Yields `indices` in an order that depends only on (seed, epoch, pass), never on global RNG.
 
-    With num_replicas > 1 each rank takes every num_replicas-th position of the same order,
-    so the shares are disjoint. `pad` repeats the first indices until every rank has the same
-    count (training needs equal step counts under DDP); evaluation leaves it off so every
-    sample is counted exactly once.
+    One sequence for all ranks together is drawn from a generator seeded by (seed, epoch, pass):
+    `indices` in order (shuffle False); a permutation of them (shuffle True); uniform draws
+    (replacement True); or draws with probability proportional to `weights`, with replacement
+    (what torch's WeightedRandomSampler does). It is num_samples long, by default
+    len(indices); without replacement a longer one is several permutations in a row.
+
+    Each rank takes every num_replicas-th position of that sequence, so the shares are disjoint
+    and weighted draws keep their class balance over all ranks together. `pad` repeats the
+    first positions until every rank has the same count (training needs equal step counts under
+    DDP); evaluation leaves it off so every sample is counted exactly once.
     """
 
     def __init__(
@@ -37,13 +54,22 @@ class EpochSampler(Sampler[int]):
         num_replicas: int = 1,
         rank: int = 0,
         pad: bool = False,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        weights: Sequence[float] | None = None,
     ) -> None:
+        # Draws of any kind are random: without shuffle there is only the given order.
+        assert shuffle or (not replacement and num_samples is None and weights is None)
         self.indices = np.asarray(indices, dtype=np.int64)
         self.shuffle = shuffle
         self.seed = seed
         self.num_replicas = num_replicas
         self.rank = rank
         self.pad = pad
+        self.replacement = replacement
+        # Nothing to draw from gives nothing, whatever num_samples asks for.
+        self.num_samples = 0 if len(self.indices) == 0 else (num_samples or len(self.indices))
+        self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
         self.epoch = 0
         self.pass_index = 0
         self.start = 0
@@ -62,11 +88,25 @@ class EpochSampler(Sampler[int]):
         self.start = start
         self.generator.manual_seed(derive_seed(self.seed, epoch, pass_index, self.rank))
 
+    def global_order(self, epoch: int, pass_index: int = 0) -> np.ndarray:
+        """The sequence of (epoch, pass) for all ranks together, before padding and sharding."""
+        if not self.shuffle or self.num_samples == 0:
+            return self.indices
+        generator = np.random.default_rng([self.seed, epoch, pass_index])
+        count = len(self.indices)
+        if self.weights is not None:
+            probabilities = self.weights / self.weights.sum()
+            positions = generator.choice(count, size=self.num_samples, p=probabilities)
+        elif self.replacement:
+            positions = generator.integers(count, size=self.num_samples)
+        else:
+            num_permutations = -(-self.num_samples // count)
+            permutations = [generator.permutation(count) for _ in range(num_permutations)]
+            positions = np.concatenate(permutations)[: self.num_samples]
+        return self.indices[positions]
+
     def __iter__(self) -> Any:
-        order = self.indices
-        if self.shuffle:
-            generator = np.random.default_rng([self.seed, self.epoch, self.pass_index])
-            order = order[generator.permutation(len(order))]
+        order = self.global_order(self.epoch, self.pass_index)
         if self.pad and len(order) % self.num_replicas:
             extra = self.num_replicas - len(order) % self.num_replicas
             order = np.concatenate([order, np.resize(order, extra)])
@@ -74,8 +114,8 @@ class EpochSampler(Sampler[int]):
 
     def __len__(self) -> int:
         if self.pad:
-            return -(-len(self.indices) // self.num_replicas)
-        return len(range(self.rank, len(self.indices), self.num_replicas))
+            return -(-self.num_samples // self.num_replicas)
+        return len(range(self.rank, self.num_samples, self.num_replicas))
 
 
 class TransformedDataset(Dataset):
@@ -96,9 +136,11 @@ class TransformedDataset(Dataset):
 class BaseDataLoader(abc.ABC):
     """Builds the train, validation and test DataLoaders.
 
-    validation_split takes a seeded share of the training split (a fraction or a count);
-    that share is seen without augmentation. With validation_split 0, a "val" split of the
-    data itself (if the subclass has one) is used instead.
+    The validation data is, first that applies: fold `fold` of `folds` (k-fold cross-validation,
+    a stratified seeded share of the training split); a seeded validation_split share of the
+    training split (a fraction or a count); the data's own "val" split, if the subclass has one.
+    It is never augmented. `sampler` draws the training data (see EpochSampler and SAMPLERS);
+    shuffle=False is the older spelling of sampler "sequential".
     """
 
     splits: tuple[str, ...] = ("train", "test")
@@ -112,7 +154,13 @@ class BaseDataLoader(abc.ABC):
         batch_size: int,
         seed: int,
         shuffle: bool = True,
+        sampler: str = "random",
+        replacement: bool = False,
+        num_samples: int | None = None,
+        class_weights: list[float] | None = None,
         validation_split: float | int = 0.0,
+        folds: int | None = None,
+        fold: int | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
@@ -120,10 +168,17 @@ class BaseDataLoader(abc.ABC):
         rank: int = 0,
         num_replicas: int = 1,
     ) -> None:
+        if sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; choose from {', '.join(SAMPLERS)}")
         self.batch_size = batch_size
         self.seed = seed
-        self.shuffle = shuffle
+        self.sampler = sampler if shuffle else "sequential"
+        self.replacement = replacement
+        self.num_samples = num_samples
+        self.class_weights = class_weights
         self.validation_split = validation_split
+        self.folds = folds
+        self.fold = fold
         self.num_workers = num_workers
         self.pin_memory = pin_memory and torch.cuda.is_available()
         # Both only mean something with worker processes; DataLoader rejects them otherwise.
@@ -132,6 +187,7 @@ class BaseDataLoader(abc.ABC):
         self.rank = rank
         self.num_replicas = num_replicas
         self._loaded: dict[str, Dataset] = {}
+        self._labels: dict[str, np.ndarray] = {}
 
     @abc.abstractmethod
     def load_split(self, split: str) -> Dataset:
@@ -145,14 +201,32 @@ class BaseDataLoader(abc.ABC):
     def class_names(self) -> list[str]:
         """Names of the classes, in label order."""
 
+    def location(self, split: str) -> str:
+        """Where `split` comes from, for messages (subclasses with files name their folder)."""
+        return f"the {split!r} split of {type(self).__name__}"
+
     def dataset(self, split: str) -> Dataset:
         """`split` loaded once and shared by every view of it."""
         if split not in self._loaded:
             self._loaded[split] = self.load_split(split)
         return self._loaded[split]
 
+    def labels(self, split: str) -> np.ndarray:
+        """The label of every sample of `split`: the dataset's `targets` (torchvision's name)
+        when it has them, else read by loading every sample once."""
+        if split not in self._labels:
+            dataset = self.dataset(split)
+            targets = getattr(dataset, "targets", None)
+            if targets is None:
+                targets = [label for _, label in dataset]
+            self._labels[split] = np.asarray(targets, dtype=np.int64)
+        return self._labels[split]
+
     def split_indices(self) -> tuple[np.ndarray, np.ndarray]:
-        """(train, validation) indices into the training split, from a permutation seeded by seed."""
+        """(train, validation) indices into the training split: fold `fold` when cross-validating,
+        else the validation_split share (empty without one), from a permutation seeded by seed."""
+        if self.folds:
+            return self.fold_indices()
         num_samples = len(self.dataset("train"))
         if isinstance(self.validation_split, float):
             num_val = round(num_samples * self.validation_split)
@@ -166,6 +240,77 @@ class BaseDataLoader(abc.ABC):
         # A dedicated generator: the split is the same on every rank and in test.py.
         order = np.random.default_rng([self.seed, 0x5EED]).permutation(num_samples)
         return np.sort(order[num_val:]), np.sort(order[:num_val])
+
+    def fold_indices(self) -> tuple[np.ndarray, np.ndarray]:
+        """(train, validation) indices of fold `fold` of `folds`.
+
+        The training split is dealt out class by class, in an order seeded by seed, to the folds
+        in turn: the folds are disjoint, cover the split, differ in size by at most one sample and
+        hold each class's share to within one sample (stratified).
+        """
+        if self.fold is None:
+            raise DataError(
+                f"data_loader.args.fold: not set; choose which of the {self.folds} folds "
+                "validates, e.g. --set data_loader.args.fold=0"
+            )
+        labels = self.labels("train")
+        if len(labels) < self.folds:
+            raise DataError(
+                f"data_loader.args.folds: {self.folds} folds need at least {self.folds} training "
+                f"samples; {self.location('train')} has {len(labels)}"
+            )
+        # A dedicated generator, as for validation_split: the same folds on every rank and in
+        # test.py. The stable sort keeps the seeded order within each class.
+        shuffled = np.random.default_rng([self.seed, 0xF01D]).permutation(len(labels))
+        dealt = shuffled[np.argsort(labels[shuffled], kind="stable")]
+        validation = np.sort(dealt[self.fold :: self.folds])
+        return np.setdiff1d(dealt, validation), validation
+
+    def validation_source(self) -> tuple[str, np.ndarray] | None:
+        """(split, indices into it) of the validation data, or None when there is none."""
+        if self.folds or self.validation_split:
+            return "train", self.split_indices()[1]
+        if "val" in self.splits:
+            return "val", np.arange(len(self.dataset("val")))
+        return None
+
+    def sampling_weights(self, indices: np.ndarray) -> np.ndarray:
+        """Weight of one sample of each class for the weighted sampler: class_weights, else the
+        inverse of the class's count among `indices`, so that every class is drawn equally often."""
+        num_classes = len(self.class_names())
+        counts = np.bincount(self.labels("train")[indices], minlength=num_classes)
+        if self.class_weights is None:
+            weights = np.zeros(len(counts))
+            np.divide(1.0, counts, out=weights, where=counts > 0)
+        elif len(self.class_weights) != len(counts):
+            raise DataError(
+                f"data_loader.args.class_weights: {len(self.class_weights)} weights, but "
+                f"{self.location('train')} has {len(counts)} classes"
+            )
+        else:
+            weights = np.asarray(self.class_weights, dtype=np.float64)
+        if not np.any(weights * counts > 0):
+            raise DataError("data_loader.args.class_weights: every training sample has weight 0")
+        return weights
+
+    def train_sampler(self) -> EpochSampler:
+        """The training sampler of this rank: `sampler` over the training indices."""
+        indices, _ = self.split_indices()
+        weights = None
+        if self.sampler == "weighted":
+            weights = self.sampling_weights(indices)[self.labels("train")[indices]]
+        drawn = self.sampler in ("random", "weighted")  # the samplers that take num_samples
+        return EpochSampler(
+            indices,
+            shuffle=self.sampler != "sequential",
+            seed=self.seed,
+            num_replicas=self.num_replicas,
+            rank=self.rank,
+            pad=self.num_replicas > 1,
+            replacement=self.replacement and self.sampler == "random",
+            num_samples=self.num_samples if drawn else None,
+            weights=weights,
+        )
 
     def _loader(
         self, dataset: Dataset, sampler: EpochSampler, *, drop_last: bool = False
@@ -183,34 +328,18 @@ class BaseDataLoader(abc.ABC):
         )
 
     def train_loader(self) -> DataLoader:
-        indices, _ = self.split_indices()
-        sampler = EpochSampler(
-            indices,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            num_replicas=self.num_replicas,
-            rank=self.rank,
-            pad=self.num_replicas > 1,
-        )
-        return self._loader(
-            TransformedDataset(self.dataset("train"), self.transform(True)), sampler
-        )
+        dataset = TransformedDataset(self.dataset("train"), self.transform(True))
+        return self._loader(dataset, self.train_sampler())
 
     def val_loader(self) -> DataLoader | None:
         """The validation loader, or None when there is no validation data."""
-        if self.validation_split:
-            _, indices = self.split_indices()
-            return self._eval_loader("train", indices)
-        if "val" in self.splits:
-            return self.eval_loader("val")
-        return None
+        source = self.validation_source()
+        return None if source is None else self._eval_loader(*source)
 
     def eval_loader(self, split: str) -> DataLoader:
         """Every sample of `split` exactly once, without augmentation ("val" means the validation set)."""
-        if split == "val" and self.validation_split:
-            loader = self.val_loader()
-            assert loader is not None
-            return loader
+        if split == "val" and (self.folds or self.validation_split):
+            return self._eval_loader("train", self.split_indices()[1])
         if split not in self.splits:
             raise DataError(f"this data has no {split!r} split (it has: {', '.join(self.splits)})")
         return self._eval_loader(split, np.arange(len(self.dataset(split))))
@@ -220,3 +349,14 @@ class BaseDataLoader(abc.ABC):
             indices, shuffle=False, seed=self.seed, num_replicas=self.num_replicas, rank=self.rank
         )
         return self._loader(TransformedDataset(self.dataset(split), self.transform(False)), sampler)
+
+    def check(self, num_classes: int | None) -> None:
+        """Refuse training labels outside the model's `num_classes` outputs (None: not known)."""
+        labels = self.labels("train")
+        num_data_classes = max(len(self.class_names()), int(labels.max(initial=-1)) + 1)
+        if num_classes is not None and num_data_classes > num_classes:
+            raise DataError(
+                f"{self.location('train')}: {num_data_classes} classes, but arch.args.num_classes "
+                f"is {num_classes}: labels {num_classes} to {num_data_classes - 1} are outside "
+                f"the model's outputs; set arch.args.num_classes to {num_data_classes}"
+            )

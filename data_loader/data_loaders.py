@@ -3,6 +3,7 @@
 from collections.abc import Callable
 from pathlib import Path
 
+from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets
 
@@ -12,6 +13,19 @@ from data_loader.synthetic import SyntheticShapes
 from data_loader.transforms import PRESETS, STATS, cifar_transform
 
 __all__ = ["Cifar10DataLoader", "ImageFolderDataLoader", "SyntheticDataLoader"]
+
+
+def load_image(path: str) -> Image.Image:
+    """ImageFolder's loader, with a file PIL cannot read reported as a DataError naming it."""
+    try:
+        return datasets.folder.default_loader(path)
+    # PIL reports a broken file as OSError (also UnidentifiedImageError, "image file is
+    # truncated"), SyntaxError or ValueError, depending on the format and the damage.
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise DataError(
+            f"{path}: unreadable image ({type(error).__name__}: {reason}); replace or remove it"
+        ) from None
 
 
 class Cifar10DataLoader(BaseDataLoader):
@@ -45,6 +59,9 @@ class Cifar10DataLoader(BaseDataLoader):
 
     def class_names(self) -> list[str]:
         return list(self.dataset("train").classes)
+
+    def location(self, split: str) -> str:
+        return f"{self.data_dir / 'cifar-10-batches-py'} ({split})"
 
 
 class ImageFolderDataLoader(BaseDataLoader):
@@ -81,12 +98,15 @@ class ImageFolderDataLoader(BaseDataLoader):
             (*present, "test") if "test" not in present and "val" in present else tuple(present)
         )
 
-    def load_split(self, split: str) -> Dataset:
+    def location(self, split: str) -> str:
         folder = self.data_dir / split
-        if split == "test" and not folder.is_dir():
-            folder = self.data_dir / "val"
+        # test.py's "test" split falls back to val/.
+        return str(folder if folder.is_dir() else self.data_dir / "val")
+
+    def load_split(self, split: str) -> Dataset:
+        folder = Path(self.location(split))
         try:
-            dataset = datasets.ImageFolder(folder)
+            dataset = datasets.ImageFolder(folder, loader=load_image)
         except (FileNotFoundError, OSError) as error:
             raise DataError(f"{folder}: {error}") from None
         if split != "train" and dataset.classes != self.dataset("train").classes:

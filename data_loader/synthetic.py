@@ -91,6 +91,11 @@ class SyntheticShapes(Dataset):
     def __init__(self, num_samples: int, seed: int | list[int]) -> None:
         self.images, self.labels = generate(num_samples, seed)
 
+    @property
+    def targets(self) -> np.ndarray:
+        """The labels, under the name torchvision datasets give them."""
+        return self.labels
+
     def __len__(self) -> int:
         return len(self.labels)
 

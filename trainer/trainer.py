@@ -18,6 +18,7 @@ from base import BaseDataLoader, BaseTrainer
 from base.base_data_loader import DataError
 from base.base_trainer import StopInEpoch, TrainingError
 from utils import unwrap_model
+from utils.data_summary import log_data_summary
 from utils.distributed import all_reduce_max, all_reduce_sum, is_distributed, sync_buffers
 from utils.timing import DataWait
 
@@ -54,6 +55,8 @@ class Trainer(BaseTrainer):
         self.criterion = criterion
         self.metric_fns = metric_fns
         self.data = data
+        # Labels the model has no output for fail here, before any output is written.
+        data.check(config["arch"]["args"].get("num_classes"))
         self.train_loader = data.train_loader()
         self.val_loader = data.val_loader()
         if len(self.train_loader) == 0:
@@ -95,6 +98,8 @@ class Trainer(BaseTrainer):
             num_processes,
             self.device,
         )
+        if self.rank == 0:  # the data of all ranks together: logged once
+            log_data_summary(self.data, self.logger, self.start_epoch)
         self.logger.info("Outputs: %s and %s", self.checkpoint_dir, self.config.log_dir)
         if not self.writer.enabled:
             return

@@ -82,7 +82,8 @@ def describe_sampler(data: BaseDataLoader, sampler: EpochSampler) -> str:
             f"{data.sampler}: {sampler.num_samples} samples per pass, from permutations of {count}"
         )
     if data.num_replicas > 1:
-        text += f"; each of {data.num_replicas} ranks takes every {data.num_replicas}th"
+        step = data.num_replicas
+        text += f"; rank r of {step} takes positions r, r + {step}, r + {2 * step}, ..."
     return text
 
 

@@ -1,0 +1,275 @@
+"""Samplers, k-fold splits and the checks and summary of the data before training, in-process:
+samplers and folds are checked on the indices they produce."""
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from base import BaseDataLoader
+from base.base_data_loader import DataError
+from data_loader.data_loaders import ImageFolderDataLoader
+from utils.data_summary import log_data_summary
+
+
+class LabelSet(Dataset):
+    """Sample i is (i, labels[i]): batches show which indices a loader drew."""
+
+    def __init__(self, labels: list[int]) -> None:
+        self.targets = labels
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return index, self.targets[index]
+
+
+class Toy(BaseDataLoader):
+    """A loader over given labels; its transform returns (index, 1.0 if augmented else 0.0)."""
+
+    splits = ("train", "test")
+
+    def __init__(self, labels: list[int], **kwargs) -> None:
+        super().__init__(**{"batch_size": 8, "seed": 0, **kwargs})
+        self.all_labels = list(labels)
+
+    def load_split(self, split: str) -> Dataset:
+        return LabelSet(self.all_labels)
+
+    def transform(self, augment: bool):
+        return lambda index: torch.tensor([float(index), float(augment)])
+
+    def class_names(self) -> list[str]:
+        return [f"class{label}" for label in range(max(self.all_labels) + 1)]
+
+
+def drawn(sampler, epoch: int = 1) -> list[int]:
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+# --- samplers --------------------------------------------------------------------------------
+
+IMBALANCED = [0] * 100 + [1] * 900  # 1:9
+
+
+def test_weighted_sampler_balances_a_1_to_9_set():
+    data = Toy(IMBALANCED, sampler="weighted")
+    for epoch in (1, 2):
+        labels = np.array(IMBALANCED)[drawn(data.train_sampler(), epoch)]
+        assert len(labels) == 1000
+        assert 0.4 < np.mean(labels == 0) < 0.6  # near 1:1; 0.1 without weighting
+    # Weights from the config are per sample of each class: 9:1 weights undo a 1:9 imbalance,
+    # equal weights keep it.
+    balanced = np.array(IMBALANCED)[
+        drawn(Toy(IMBALANCED, sampler="weighted", class_weights=[9, 1]).train_sampler())
+    ]
+    assert 0.4 < np.mean(balanced == 0) < 0.6
+    kept = np.array(IMBALANCED)[
+        drawn(Toy(IMBALANCED, sampler="weighted", class_weights=[1, 1]).train_sampler())
+    ]
+    assert 0.07 < np.mean(kept == 0) < 0.13
+
+
+def test_weighted_sampler_draws_only_training_samples_and_keeps_the_balance_over_ranks():
+    data = [
+        Toy(IMBALANCED, sampler="weighted", validation_split=0.2, num_replicas=2, rank=rank)
+        for rank in (0, 1)
+    ]
+    _, val_indices = data[0].split_indices()
+    shares = [drawn(loader.train_sampler()) for loader in data]
+    assert not (set(shares[0]) | set(shares[1])) & set(val_indices.tolist())
+    labels = np.array(IMBALANCED)
+    # Balanced over all ranks together (one global draw, then sharded)...
+    assert 0.4 < np.mean(labels[shares[0] + shares[1]] == 0) < 0.6
+    # ...and each rank's share is every second draw of it.
+    global_order = data[0].train_sampler().global_order(1)
+    assert shares[0] == global_order[0::2].tolist() and shares[1] == global_order[1::2].tolist()
+
+
+SAMPLER_CASES = {
+    "random": {},
+    "random-replacement": {"replacement": True},
+    "random-fewer-samples": {"num_samples": 40},
+    "sequential": {"sampler": "sequential"},
+    "shuffle-false": {"shuffle": False},
+    "subset-random": {"sampler": "subset_random"},
+    "weighted": {"sampler": "weighted"},
+}
+
+
+@pytest.mark.parametrize("args", SAMPLER_CASES.values(), ids=SAMPLER_CASES.keys())
+def test_samplers_are_disjoint_and_complete_across_two_ranks(args):
+    labels = [index % 3 for index in range(60)]
+    kwargs = {"validation_split": 10, **args}
+    samplers = [Toy(labels, num_replicas=2, rank=rank, **kwargs).train_sampler() for rank in (0, 1)]
+    train_indices, _ = Toy(labels, **kwargs).split_indices()
+    orders = {}
+    for epoch in (1, 2):
+        shares = [drawn(sampler, epoch) for sampler in samplers]
+        assert [len(share) for share in shares] == [len(sampler) for sampler in samplers]
+        # The ranks take alternate positions of one sequence: together exactly that sequence.
+        sequence = samplers[0].global_order(epoch).tolist()
+        assert shares[0] == sequence[0::2] and shares[1] == sequence[1::2]
+        assert set(sequence) <= set(train_indices.tolist())
+        assert len(sequence) == args.get("num_samples", len(train_indices))
+        if not args.get("replacement") and args.get("sampler") != "weighted":
+            # Without replacement: the shares are disjoint and (all of them) cover the data.
+            assert not set(shares[0]) & set(shares[1])
+            if "num_samples" not in args:
+                assert set(sequence) == set(train_indices.tolist())
+        orders[epoch] = sequence
+    ordered = args.get("sampler") == "sequential" or args.get("shuffle") is False
+    assert (orders[1] == orders[2]) == ordered
+    assert (orders[1] == sorted(orders[1])) == ordered
+    # The order is a function of (seed, epoch): a new sampler draws the same.
+    again = Toy(labels, num_replicas=2, rank=1, **kwargs).train_sampler()
+    assert drawn(again, 2) == orders[2][1::2]
+
+
+def test_num_samples_beyond_the_data_takes_whole_permutations():
+    sampler = Toy([0, 1] * 5, num_samples=25).train_sampler()
+    order = drawn(sampler)
+    assert len(order) == len(sampler) == 25
+    assert sorted(order[:10]) == sorted(order[10:20]) == list(range(10))
+
+
+def test_unknown_sampler_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown sampler 'balanced'"):
+        Toy([0, 1], sampler="balanced")
+
+
+def test_class_weights_must_match_the_classes():
+    with pytest.raises(DataError, match=r"class_weights: 3 weights, but .* has 2 classes"):
+        Toy([0, 1], sampler="weighted", class_weights=[1, 1, 1]).train_sampler()
+    with pytest.raises(DataError, match="every training sample has weight 0"):
+        Toy([0, 1], sampler="weighted", class_weights=[0, 0]).train_sampler()
+
+
+# --- k-fold splits ---------------------------------------------------------------------------
+
+# Three classes of 50, 31 and 7 samples, shuffled.
+FOLD_LABELS = np.random.default_rng(5).permutation([0] * 50 + [1] * 31 + [2] * 7).tolist()
+
+
+def test_folds_are_disjoint_stratified_and_cover_the_set():
+    num_folds = 3
+    labels = np.array(FOLD_LABELS)
+    counts = np.bincount(labels)
+    validations = []
+    for fold in range(num_folds):
+        train_indices, val_indices = Toy(FOLD_LABELS, folds=num_folds, fold=fold).split_indices()
+        assert not set(train_indices.tolist()) & set(val_indices.tolist())
+        assert sorted([*train_indices.tolist(), *val_indices.tolist()]) == list(range(88))
+        # Stratified: each fold holds each class's share to within one sample.
+        per_class = np.bincount(labels[val_indices], minlength=3)
+        assert np.all(np.abs(per_class - counts / num_folds) < 1)
+        validations.append(set(val_indices.tolist()))
+    assert sorted(len(validation) for validation in validations) == [29, 29, 30]
+    assert set.union(*validations) == set(range(88))
+    assert sum(len(validation) for validation in validations) == 88  # pairwise disjoint
+    # Seeded: the same for the same seed, different for another.
+    _, again = Toy(FOLD_LABELS, folds=3, fold=0).split_indices()
+    _, other = Toy(FOLD_LABELS, folds=3, fold=0, seed=1).split_indices()
+    assert set(again.tolist()) == validations[0] != set(other.tolist())
+
+
+def test_a_fold_validates_without_augmentation_and_trains_on_the_rest():
+    data = Toy(FOLD_LABELS, folds=4, fold=2, validation_split=0.5, batch_size=100)
+    _, val_indices = data.split_indices()
+    assert len(val_indices) == 22  # the fold, not validation_split's half
+    (val_batch, _), *rest = list(data.val_loader())
+    assert not rest
+    assert val_batch[:, 0].long().tolist() == val_indices.tolist()
+    assert val_batch[:, 1].tolist() == [0.0] * 22  # never augmented
+    assert torch.equal(next(iter(data.eval_loader("val")))[0], val_batch)
+    train_batch, _ = next(iter(data.train_loader()))
+    assert not set(train_batch[:, 0].long().tolist()) & set(val_indices.tolist())
+    assert train_batch[:, 1].tolist() == [1.0] * 66
+
+
+def test_fold_errors_name_the_key():
+    with pytest.raises(DataError, match=r"data_loader\.args\.fold: not set"):
+        Toy(FOLD_LABELS, folds=3).split_indices()
+    with pytest.raises(DataError, match=r"data_loader\.args\.folds: 5 folds need at least 5"):
+        Toy([0, 1, 0], folds=5, fold=0).split_indices()
+
+
+# --- checks and summary ----------------------------------------------------------------------
+
+
+def test_summary_logs_sizes_class_counts_sampler_and_drawn_shares(caplog):
+    data = Toy(IMBALANCED, sampler="weighted", folds=4, fold=1)
+    with caplog.at_level(logging.INFO):
+        log_data_summary(data, logging.getLogger("test"), epoch=3)
+    text = caplog.text
+    assert "Training data: 750 samples; per class: class0 75, class1 675" in text
+    assert "Validation data (fold 1 of 4 of the training split, stratified; never " in text
+    assert "250 samples; per class: class0 25, class1 225" in text
+    assert "Sampler: weighted (inverse class frequency): 750 draws with replacement" in text
+    assert "Classes drawn in epoch 3 (one pass, 750 draws over all ranks): class0 " in text
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+
+
+class OverlappingToy(Toy):
+    """Splits its own (wrong) way: the validation data is also trained on."""
+
+    def split_indices(self) -> tuple[np.ndarray, np.ndarray]:
+        everything = np.arange(len(self.all_labels))
+        return everything, everything[:5]
+
+
+def test_summary_warns_about_a_missing_class_and_overlapping_splits(caplog):
+    labels = [0] * 20 + [1] * 20 + [2] * 20  # the validation data is of class 0 only
+    with caplog.at_level(logging.INFO):
+        log_data_summary(OverlappingToy(labels, validation_split=5), logging.getLogger("test"), 1)
+    warnings = [
+        record.getMessage() for record in caplog.records if record.levelno == logging.WARNING
+    ]
+    assert len(warnings) == 2
+    assert "validation data has no samples of 2 class(es): class1, class2;" in warnings[0]
+    assert "Training and validation data share 5 samples (e.g. index 0 " in warnings[1]
+
+
+def test_labels_outside_the_model_classes_name_the_key_and_the_folder(tmp_path):
+    root = make_image_folder(tmp_path / "images", ["a", "b", "c"])
+    data = ImageFolderDataLoader(str(root), batch_size=2, seed=0, preset="cifar")
+    data.check(3)
+    data.check(None)
+    with pytest.raises(DataError) as error:
+        data.check(2)
+    assert str(error.value) == (
+        f"{root / 'train'}: 3 classes, but arch.args.num_classes is 2: labels 2 to 2 are outside "
+        "the model's outputs; set arch.args.num_classes to 3"
+    )
+
+
+def make_image_folder(root: Path, classes: list[str], *, num_images: int = 2) -> Path:
+    """root/train/<class>/<n>.png, 8x8 RGB noise."""
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / "train" / name).mkdir(parents=True)
+        for index in range(num_images):
+            pixels = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / "train" / name / f"{index}.png")
+    return root
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_unreadable_image_is_a_data_error_naming_it(tmp_path, num_workers):
+    root = make_image_folder(tmp_path / "images", ["a", "b"])
+    broken = root / "train" / "b" / "1.png"
+    broken.write_bytes(broken.read_bytes()[:40])  # truncated
+    data = ImageFolderDataLoader(
+        str(root), batch_size=4, seed=0, preset="cifar", num_workers=num_workers
+    )
+    with pytest.raises(DataError) as error:
+        list(data.train_loader())
+    # One line, even when it came back from a worker process.
+    message = str(error.value)
+    assert message.startswith(f"{broken}: unreadable image (") and "\n" not in message
