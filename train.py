@@ -31,6 +31,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bs", type=int, help="shortcut for --set data_loader.args.batch_size=BS")
     parser.add_argument("--epochs", type=int, help="shortcut for --set trainer.epochs=N")
     parser.add_argument(
+        "--folds", type=int, metavar="K",
+        help="k-fold cross-validation: train K folds (shortcut for --set data_loader.args.folds=K)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fold", type=int, metavar="I",
+        help="train only fold I of the K (shortcut for --set data_loader.args.fold=I)",
+    )  # fmt: skip
+    parser.add_argument(
         "--run-id", help="name of the run folder (default: start time + random suffix)"
     )
     parser.add_argument(
@@ -72,9 +80,43 @@ def run(config: "ConfigParser") -> None:
     # Under torchrun: join the process group; otherwise a single process (rank 0 of 1).
     info = init_distributed(config["distributed"]["backend"])
     try:
-        train(config, info)
+        if config.num_folds is None:
+            train(config, info)
+        else:
+            cross_validate(config, info)
     finally:
         close_distributed()
+
+
+def cross_validate(config: "ConfigParser", info: "ProcessInfo") -> None:
+    """Train fold data_loader.args.fold, or every fold in turn, each in the run's fold-<i>/;
+    once every fold has finished, write folds_summary.json and log it (rank 0)."""
+    from logger import setup_logging
+    from utils.distributed import broadcast_object
+    from utils.folds import SUMMARY, finish_fold, summary_lines
+
+    if not config.run_id_given:
+        # Every fold (and rank) writes into one run folder: name it before the first fold.
+        config.run_id = default_run_id(config.run_id, broadcast_object)
+    summary = None
+    for fold in range(config.num_folds) if config.fold is None else [config.fold]:
+        fold_config = config.for_fold(fold)
+        train(fold_config, info)
+        summary = finish_fold(fold_config) if info.is_main else None
+    if not info.is_main:
+        return
+    logger = logging.getLogger("train")
+    if summary is None:
+        logger.info(
+            "Fold %d finished; %s follows when every fold (0 to %d) has.",
+            fold, SUMMARY, config.num_folds - 1,
+        )  # fmt: skip
+        return
+    # The summary belongs to the whole run: its own log folder, above the folds'.
+    setup_logging(config.run_log_dir, verbosity=config["trainer"]["verbosity"], rank=info.rank)
+    for line in summary_lines(summary):
+        logger.info("%s", line)
+    logger.info("Saved %s", config.run_checkpoint_dir / SUMMARY)
 
 
 def train(config: "ConfigParser", info: "ProcessInfo") -> None:

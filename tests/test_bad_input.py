@@ -365,6 +365,73 @@ CASES = [
         "--run-id 'a/b': must be a name of letters",
         case_id="run-id-slash",
     ),
+    # Samplers, cross-validation and the classes of the data (data_loader.args, arch.args).
+    case(
+        "train",
+        lambda env: ["-c", env.config(), "--set", "data_loader.args.sampler=balanced"],
+        '{tmp}/case.json: data_loader.args.sampler: must be one of "random", "sequential", '
+        '"subset_random", "weighted", got "balanced"',
+        case_id="unknown-sampler",
+    ),
+    case(
+        "train",
+        lambda env: ["-c", env.config(), "--set", "data_loader.args.class_weights=[1, 2]"],
+        '{tmp}/case.json: data_loader.args.class_weights: only used by sampler "weighted", '
+        'not "random"; remove it',
+        case_id="class-weights-without-weighted-sampler",
+    ),
+    case(
+        "train",
+        lambda env: [
+            *["-c", env.config(), "--set", "data_loader.args.shuffle=false"],
+            *["--set", "data_loader.args.sampler=weighted"],
+        ],
+        '{tmp}/case.json: data_loader.args.shuffle: false contradicts sampler "weighted"; '
+        "remove shuffle",
+        case_id="shuffle-false-with-weighted-sampler",
+    ),
+    case(
+        "train",
+        lambda env: [
+            *["-c", env.config(), "--set", "data_loader.args.sampler=weighted"],
+            *["--set", "data_loader.args.class_weights=[1, 2]"],
+        ],
+        "data_loader.args.class_weights: 2 weights, but the 'train' split of "
+        "SyntheticDataLoader has 10 classes",
+        case_id="class-weights-not-one-per-class",
+    ),
+    case(
+        "train",
+        lambda env: ["-c", env.config(), "--folds", "1"],
+        "{tmp}/case.json: data_loader.args.folds: must be an integer >= 2 or null, got 1",
+        case_id="folds-1",
+    ),
+    case(
+        "train",
+        lambda env: ["-c", env.config(), "--folds", "3", "--fold", "3"],
+        "{tmp}/case.json: data_loader.args.fold: must be a fold index from 0 to 2 (folds is 3), "
+        "got 3",
+        case_id="fold-out-of-range",
+    ),
+    case(
+        "train",
+        lambda env: ["-c", env.config(), "--fold", "0"],
+        "{tmp}/case.json: data_loader.args.fold: needs data_loader.args.folds",
+        case_id="fold-without-folds",
+    ),
+    case(
+        "train",
+        lambda env: ["-r", env.checkpoint, "--folds", "3"],
+        "--folds/--fold: {ckpt} continues its own run, folds included",
+        case_id="resume-with-folds",
+    ),
+    case(
+        "train",
+        lambda env: ["-c", env.config(**{"arch.args.num_classes": 5})],
+        "the 'train' split of SyntheticDataLoader: 10 classes, but arch.args.num_classes is 5: "
+        "labels 5 to 9 are outside the model's outputs; set arch.args.num_classes to 10",
+        case_id="num-classes-below-the-data",
+    ),
     # Where data and outputs live.
     case(
         "train",
@@ -376,6 +443,17 @@ CASES = [
         ],
         "{tmp}/nowhere/train: folder not found; expected {tmp}/nowhere/train/<class>/<image>",
         case_id="missing-data-folder",
+    ),
+    case(
+        "train",
+        lambda env: [
+            "-c",
+            env.config(
+                "configs/imagenet.json", **{"data_loader.args.data_dir": empty_classes(env)}
+            ),
+        ],
+        "{tmp}/images/train: Found no valid file for the classes cat, dog.",
+        case_id="data-folder-without-images",
     ),
     case(
         "train",
@@ -492,6 +570,13 @@ CASES = [
         case_id="test-json-unwritable",
     ),
 ]
+
+
+def empty_classes(env: Env) -> str:
+    """tmp/images with train/cat/ and train/dog/ but no image in them."""
+    for name in ("cat", "dog"):
+        (env.tmp / "images" / "train" / name).mkdir(parents=True)
+    return str(env.tmp / "images")
 
 
 def expected_text(template: str, env: Env) -> str:

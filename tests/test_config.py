@@ -24,6 +24,8 @@ NAMESPACE_DEFAULTS = {
     "lr": None,
     "bs": None,
     "epochs": None,
+    "folds": None,
+    "fold": None,
     "run_id": None,
     "set": None,
 }

@@ -1,0 +1,149 @@
+"""K-fold cross-validation end to end: one train.py --folds 3 and one test.py on a fold's
+checkpoint as subprocesses; resuming a fold, a single fold and the summary in-process."""
+
+import json
+import logging
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_script, shrink
+
+import data_loader.data_loaders as data_module
+import train
+from parse_config import ConfigParser
+from utils.folds import SUMMARY, summarize_folds, summary_lines
+
+RUN = Path("models") / "Demo_CifarCNN"
+
+
+@pytest.fixture(autouse=True)
+def _detach_log_handlers():
+    """In-process train.main() points the root logger at files and capsys's stream; undo that."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in root.handlers[:]:
+        if type(handler) in (logging.StreamHandler, logging.FileHandler):
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def cross_validated(tmp_path_factory) -> dict:
+    """train.py --folds 3 on the shrunk demo config (320 samples, 2 epochs), run id "cv"."""
+    tmp_path = tmp_path_factory.mktemp("folds")
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"]["tensorboard"] = False
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(config))
+    result = run_script("train.py", "-c", str(config_path), "--folds", "3", "--run-id", "cv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"save_dir": tmp_path / "saved", "config_path": config_path, "stdout": result.stdout}
+
+
+def best_metrics(fold_dir: Path) -> dict:
+    return torch.load(fold_dir / "model_best.pth", weights_only=True)["metrics"]
+
+
+def test_k_fold_writes_fold_folders_and_a_summary_of_their_best_values(cross_validated):
+    save_dir = cross_validated["save_dir"]
+    run_dir = save_dir / RUN / "cv"
+    log_dir = save_dir / "log" / "Demo_CifarCNN" / "cv"
+    folds = [f"fold-{fold}" for fold in range(3)]
+    assert sorted(path.name for path in run_dir.iterdir()) == [*folds, SUMMARY]
+    assert sorted(path.name for path in log_dir.iterdir()) == [*folds, "info.log"]
+    for fold, name in enumerate(folds):
+        config = json.loads((run_dir / name / "config.json").read_text())
+        assert config["data_loader"]["args"]["folds"] == 3
+        assert config["data_loader"]["args"]["fold"] == fold
+        assert (run_dir / name / "checkpoint-epoch2.pth").is_file()
+        assert "epoch 2/2" in (log_dir / name / "info.log").read_text()
+
+    summary = json.loads((run_dir / SUMMARY).read_text())
+    assert summary["num_folds"] == 3 and summary["monitor"] == "max val/accuracy"
+    assert list(summary["metrics"]) == ["val/accuracy", "val/loss", "val/top_k_acc"]
+    for key, values in summary["metrics"].items():
+        expected = [best_metrics(run_dir / name)[key] for name in folds]
+        assert values["folds"] == expected
+        assert values["mean"] == pytest.approx(statistics.fmean(expected))
+        assert values["std"] == pytest.approx(statistics.stdev(expected))
+    # The same numbers in the run's own log, below the folds' logs.
+    info_log = (log_dir / "info.log").read_text()
+    mean = summary["metrics"]["val/accuracy"]["mean"]
+    assert f"val/accuracy         {mean:.4f} +- " in info_log
+    assert "Cross-validation over 3 folds" in cross_validated["stdout"]
+
+
+def test_test_py_on_a_fold_checkpoint_evaluates_that_fold(cross_validated, tmp_path):
+    fold_dir = cross_validated["save_dir"] / RUN / "cv" / "fold-1"
+    output = tmp_path / "val.json"
+    result = run_script(
+        "test.py", "-r", str(fold_dir / "model_best.pth"), "--split", "val", "--json", str(output)
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(output.read_text())
+    recorded = best_metrics(fold_dir)
+    config = json.loads((fold_dir / "config.json").read_text())
+    data = ConfigParser(config, source="test").init_obj("data_loader", data_module, seed=0)
+    assert report["num_samples"] == len(data.split_indices()[1]) == 107
+    assert report["metrics"]["val/accuracy"] == recorded["val/accuracy"]
+    assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
+
+
+def test_the_last_fold_to_finish_writes_the_summary(cross_validated, tmp_path, capsys):
+    save_dir = tmp_path / "saved"
+    shutil.copytree(cross_validated["save_dir"], save_dir)
+    run_dir = save_dir / RUN / "cv"
+    original = json.loads((run_dir / SUMMARY).read_text())
+    (run_dir / SUMMARY).unlink()
+    (run_dir / "fold-2" / "result.json").unlink()  # as if fold 2 were still running elsewhere
+    config = json.loads((run_dir / "fold-2" / "config.json").read_text())
+    config["trainer"]["save_dir"] = str(save_dir)
+    (run_dir / "fold-2" / "config.json").write_text(json.dumps(config))
+    assert summarize_folds(run_dir, 3, ("max", "val/accuracy")) is None
+
+    # Resuming fold 2's last checkpoint finishes it (nothing left to train): the summary follows.
+    assert train.main(["-r", str(run_dir / "fold-2" / "checkpoint-epoch2.pth")]) == 0
+    assert json.loads((run_dir / SUMMARY).read_text()) == original
+    assert "All 2 epochs are already done" in capsys.readouterr().out
+
+
+def test_one_fold_alone_trains_only_that_fold(cross_validated, tmp_path, capsys):
+    save_dir = cross_validated["save_dir"].parent / "single"
+    argv = ["-c", str(cross_validated["config_path"]), "--folds", "3", "--fold", "1"]
+    argv += ["--run-id", "one", "--epochs", "1", "--set", f"trainer.save_dir={save_dir}"]
+    assert train.main(argv) == 0
+    run_dir = save_dir / RUN / "one"
+    assert [path.name for path in run_dir.iterdir()] == ["fold-1"]
+    assert json.loads((run_dir / "fold-1" / "result.json").read_text())["fold"] == 1
+    assert "Fold 1 finished; folds_summary.json follows when every fold (0 to 2) has." in (
+        capsys.readouterr().out
+    )
+
+
+def test_summary_lines():
+    summary = {
+        "num_folds": 2,
+        "monitor": "min val/loss",
+        "metrics": {"val/loss": {"mean": 0.5, "std": 0.25, "folds": [0.25, 0.75]}},
+    }
+    assert summary_lines(summary) == [
+        "Cross-validation over 2 folds (best epoch of each fold, monitor min val/loss):",
+        "  val/loss             0.5000 +- 0.2500  (folds: 0.2500 0.7500)",
+    ]
+
+
+def test_each_fold_has_its_folder_inside_the_run(make_config, tmp_path):
+    args = train.parse_args(["-c", str(make_config()), "--folds", "3", "--run-id", "cv"])
+    parser = ConfigParser.from_args(args)
+    assert (parser.num_folds, parser.fold) == (3, None)
+    assert parser.checkpoint_dir == parser.run_checkpoint_dir == tmp_path / "saved" / RUN / "cv"
+    fold = parser.for_fold(2)
+    assert fold.checkpoint_dir == parser.run_checkpoint_dir / "fold-2"
+    assert fold.log_dir == tmp_path / "saved" / "log" / "Demo_CifarCNN" / "cv" / "fold-2"
+    assert fold.config["data_loader"]["args"]["fold"] == 2
+    assert parser.fold is None  # for_fold made a copy
