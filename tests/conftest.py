@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -81,3 +82,21 @@ def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess
 def checkpoint_dirs(save_dir: Path) -> list[Path]:
     """Run folders under save_dir/models/<name>/."""
     return sorted(path for path in (save_dir / "models").glob("*/*") if path.is_dir())
+
+
+@pytest.fixture
+def spawn() -> Callable[..., subprocess.Popen]:
+    """subprocess.Popen in a session of its own; whatever still runs at teardown is killed with
+    its children, so a failing test leaves no training processes behind."""
+    started: list[subprocess.Popen] = []
+
+    def start(command: list[str], **kwargs) -> subprocess.Popen:
+        process = subprocess.Popen(command, start_new_session=True, **kwargs)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

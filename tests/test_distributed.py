@@ -120,7 +120,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process_and_back(
     assert torch.load(run_dir / "checkpoint-epoch4.pth", weights_only=True)["epoch"] == 4
 
 
-def test_two_nodes_on_loopback(config_path: Path) -> None:
+def test_two_nodes_on_loopback(spawn, config_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     node_args = [
@@ -129,7 +129,7 @@ def test_two_nodes_on_loopback(config_path: Path) -> None:
         "train.py", "-c", str(config_path), "--epochs", "1",
     ]  # fmt: skip
     nodes = [
-        subprocess.Popen(torchrun(*node_args), cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        spawn(torchrun(*node_args), cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
@@ -155,7 +155,7 @@ def worker_pids(parent: int) -> list[int]:
     return pids
 
 
-def test_a_killed_worker_is_restarted_and_the_run_resumes(config_path: Path) -> None:
+def test_a_killed_worker_is_restarted_and_the_run_resumes(spawn, config_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     command = torchrun(
@@ -163,7 +163,7 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes(config_path: Path) -> 
         f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic",
         "train.py", "-c", str(config_path), "--epochs", "3", "--set", "trainer.len_epoch=60",
     )  # fmt: skip
-    launcher = subprocess.Popen(
+    launcher = spawn(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     run_dir = config_path.parent / "saved" / RUN / "elastic"

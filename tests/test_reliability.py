@@ -45,11 +45,11 @@ def uninterrupted(config_path: Path) -> Path:
     return config_path.parent / "saved" / RUN / "reference"
 
 
-def start_training(config_path: Path, run_id: str) -> subprocess.Popen:
+def start_training(spawn, config_path: Path, run_id: str) -> subprocess.Popen:
     # The same environment as run_script's: bit-exactness holds for the same thread count
     # (intra-op parallel reductions add in a different order with more threads).
     env = {"OMP_NUM_THREADS": "1", **os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.Popen(
+    return spawn(
         [sys.executable, "train.py", "-c", str(config_path), "--run-id", run_id],
         cwd=ROOT,
         env=env,
@@ -95,9 +95,9 @@ def test_outputs_with_keep_last(uninterrupted: Path) -> None:
     assert latest_checkpoint(uninterrupted) == uninterrupted / "checkpoint-epoch3.pth"
 
 
-def test_sigkill_then_resume_is_bit_exact(config_path: Path, uninterrupted: Path) -> None:
+def test_sigkill_then_resume_is_bit_exact(spawn, config_path: Path, uninterrupted: Path) -> None:
     run_dir = config_path.parent / "saved" / RUN / "killed"
-    process = start_training(config_path, "killed")
+    process = start_training(spawn, config_path, "killed")
     wait_for(run_dir / "checkpoint-epoch1.pth", process)
     process.kill()  # SIGKILL during epoch 2: no handler runs, nothing is flushed
     process.communicate()
@@ -113,10 +113,10 @@ def test_sigkill_then_resume_is_bit_exact(config_path: Path, uninterrupted: Path
 
 
 def test_sigterm_saves_mid_epoch_and_resume_finishes_exactly(
-    config_path: Path, uninterrupted: Path
+    spawn, config_path: Path, uninterrupted: Path
 ) -> None:
     run_dir = config_path.parent / "saved" / RUN / "preempted"
-    process = start_training(config_path, "preempted")
+    process = start_training(spawn, config_path, "preempted")
     wait_for(run_dir / "checkpoint-epoch1.pth", process)
     time.sleep(0.2)  # into epoch 2 (an epoch takes about a second)
     sent = time.monotonic()
