@@ -6,13 +6,9 @@ torchrun --standalone --nproc_per_node=2 train.py -c config.json        # severa
 """
 
 import argparse
-import json
 import logging
 import os
-import re
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -94,6 +90,7 @@ def cross_validate(config: "ConfigParser", info: "ProcessInfo") -> None:
     from logger import setup_logging
     from utils.distributed import broadcast_object
     from utils.folds import SUMMARY, finish_fold, summary_lines
+    from utils.run_folder import default_run_id
 
     if not config.run_id_given:
         # Every fold (and rank) writes into one run folder: name it before the first fold.
@@ -129,8 +126,9 @@ def train(config: "ConfigParser", info: "ProcessInfo") -> None:
     import model.model as arch_module
     from logger import setup_logging
     from trainer import Trainer
-    from utils import UserError, seed_everything, select_device
+    from utils import UserError, configure_torch, seed_everything, select_device
     from utils.distributed import broadcast_object, is_distributed
+    from utils.run_folder import default_run_id, find_resume_point, prepare_run_folder
 
     verbosity = config["trainer"]["verbosity"]
     # Console only until every check has passed: a bad input must not leave a run folder behind.
@@ -138,16 +136,7 @@ def train(config: "ConfigParser", info: "ProcessInfo") -> None:
     logger = logging.getLogger("train")
     seed_everything(config["seed"])
     trainer_config = config["trainer"]
-    if trainer_config["deterministic"]:
-        # Bit-exact reruns: refuse non-deterministic kernels (cuBLAS needs this workspace setting).
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    # Speed knobs for CUDA (no effect on the CPU): cuDNN picks the fastest kernels by timing
-    # them; TF32 runs fp32 matrix products on tensor cores with a 10-bit mantissa.
-    torch.backends.cudnn.benchmark = trainer_config["cudnn_benchmark"]
-    if trainer_config["tf32"]:
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    configure_torch(trainer_config)
     device = select_device(config["n_gpu"], logger, local_rank=info.local_rank)
     if not config.run_id_given:
         config.run_id = default_run_id(config.run_id, broadcast_object)
@@ -199,52 +188,6 @@ def train(config: "ConfigParser", info: "ProcessInfo") -> None:
         raise UserError(error)
     setup_logging(config.log_dir, verbosity=verbosity, rank=info.rank)
     trainer.train()
-
-
-def default_run_id(own: str, broadcast: Callable[[object], object]) -> str:
-    """One run id for every rank. Under torchrun: the rendezvous id, which stays the same when an
-    elastic restart relaunches the workers, so they find their run again."""
-    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    if elastic_id != "none" and re.fullmatch(r"[A-Za-z0-9._-]+", elastic_id):
-        return elastic_id
-    return str(broadcast(own))
-
-
-def find_resume_point(config: "ConfigParser") -> tuple[Path | None, str | None]:
-    """(checkpoint to start from, error): -r, else auto-resume, else a fresh run in a new folder."""
-    from utils.checkpoint import latest_checkpoint
-
-    if config.resume is not None:
-        return config.resume, None
-    run_dir = config.checkpoint_dir
-    latest = latest_checkpoint(run_dir) if run_dir.is_dir() else None
-    # An elastic restart is by definition the same run.
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if config["trainer"]["auto_resume"] or restarted:
-        return latest, None
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        return None, (
-            f"{run_dir}: this run already exists; resume it with -r {run_dir}, set "
-            "trainer.auto_resume, or choose another --run-id"
-        )
-    return None, None
-
-
-def prepare_run_folder(config: "ConfigParser") -> str | None:
-    """Create the run's folders and write its effective config; an error message on failure."""
-    from utils.checkpoint import write_text_atomic
-
-    try:
-        config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        config.log_dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(config.config, indent=4) + "\n"
-        write_text_atomic(config.checkpoint_dir / "config.json", text)
-    except OSError as error:
-        return (
-            f"{error.filename or config.checkpoint_dir}: cannot write the run folder "
-            f"({error.strerror}); check trainer.save_dir"
-        )
-    return None
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from utils.checkpoint import load_checkpoint, save_checkpoint
 from utils.util import (
     UserError,
     amp_dtype,
+    configure_torch,
     derive_seed,
     get_rng_state,
     seed_everything,
@@ -15,6 +16,7 @@ from utils.util import (
 __all__ = [
     "UserError",
     "amp_dtype",
+    "configure_torch",
     "derive_seed",
     "get_rng_state",
     "load_checkpoint",

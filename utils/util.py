@@ -1,6 +1,7 @@
 """Errors, seeding, RNG state and device selection."""
 
 import logging
+import os
 import random
 
 import numpy as np
@@ -55,6 +56,20 @@ def set_rng_state(state: dict) -> None:
         num_devices = min(len(state["cuda"]), torch.cuda.device_count())
         for index in range(num_devices):
             torch.cuda.set_rng_state(state["cuda"][index], index)
+
+
+def configure_torch(trainer_config: dict) -> None:
+    """Apply trainer.deterministic, cudnn_benchmark and tf32 to torch's global settings."""
+    if trainer_config["deterministic"]:
+        # Bit-exact reruns: refuse non-deterministic kernels (cuBLAS needs this workspace setting).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    # Speed knobs for CUDA (no effect on the CPU): cuDNN picks the fastest kernels by timing
+    # them; TF32 runs fp32 matrix products on tensor cores with a 10-bit mantissa.
+    torch.backends.cudnn.benchmark = trainer_config["cudnn_benchmark"]
+    if trainer_config["tf32"]:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
 
 
 def amp_dtype(amp: str | None) -> torch.dtype | None:
