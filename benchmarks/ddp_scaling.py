@@ -82,16 +82,19 @@ def write_config(args: argparse.Namespace, work_dir: Path) -> Path:
 
 
 def launch(num_processes: int, config_path: Path, run_id: str) -> subprocess.Popen:
-    """Start training under torchrun with `num_processes` processes (one thread each)."""
+    """Start training under torchrun with `num_processes` processes (one thread each); its
+    output goes to <run_id>.log beside the config."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={num_processes}",
         "train.py", "-c", str(config_path), "--run-id", run_id,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    # A file, not a pipe: runs started together cannot block on a full pipe nobody reads yet.
+    with open(config_path.parent / f"{run_id}.log", "w") as log_file:
+        return subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
 
 
 def epoch_rates(config_path: Path, run_id: str) -> list[float]:
@@ -117,10 +120,12 @@ def run_setup(
     """Train the (num_processes, run_id) runs at the same time; (their summed steady samples/s,
     each run's per-epoch rates)."""
     processes = [launch(size, config_path, run_id) for size, run_id in runs]
-    for process in processes:
-        _, stderr = process.communicate(timeout=timeout)
-        if process.returncode != 0:
-            raise SystemExit(f"{' '.join(process.args)} failed:\n{stderr[-3000:]}")
+    for process, (_, run_id) in zip(processes, runs, strict=True):
+        if process.wait(timeout=timeout) != 0:
+            for other in processes:
+                other.terminate()  # torchrun passes SIGTERM on to its workers
+            output = (config_path.parent / f"{run_id}.log").read_text()
+            raise SystemExit(f"{' '.join(process.args)} failed:\n{output[-3000:]}")
     per_run = [epoch_rates(config_path, run_id) for _, run_id in runs]
     return sum(steady_rate(rates) for rates in per_run), per_run
 
@@ -145,17 +150,20 @@ def main() -> None:
                 runs = [(size, f"{prefix}-{repeat + 1}") for size, prefix in setups[name]]
                 rate, per_run = run_setup(runs, config_path, args.timeout)
                 rates[name].append(rate)
-                per_epoch = " | ".join(" ".join(f"{r:6.0f}" for r in run) for run in per_run)
+                per_epoch = " | ".join(
+                    " ".join(f"{epoch_rate:6.0f}" for epoch_rate in run) for run in per_run
+                )
                 print(
                     f"repeat {repeat + 1}  {name:<17}  {rate:7.1f} samples/s  "
                     f"(per epoch: {per_epoch})",
                     flush=True,
                 )
-    print("median samples/s: " + ", ".join(f"{n} {statistics.median(rates[n]):.1f}" for n in names))
+    medians = [f"{name} {statistics.median(rates[name]):.1f}" for name in names]
+    print(f"median samples/s: {', '.join(medians)}")
     for name in names[1:]:
         ratios = [other / one for one, other in zip(rates["1 process"], rates[name], strict=True)]
         print(
-            f"ratio {name} / 1 process per repeat: {' '.join(f'{r:.3f}' for r in ratios)}; "
+            f"ratio {name} / 1 process per repeat: {' '.join(f'{ratio:.3f}' for ratio in ratios)}; "
             f"median {statistics.median(ratios):.3f}"
             + (" (goal >= 1.8)" if name == "2 processes" else " (this machine's ceiling)")
         )
