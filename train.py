@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(config: "ConfigParser") -> None:
-    from utils.distributed import close_distributed, init_distributed
+    from utils.distributed import barrier, close_distributed, init_distributed
 
     # Under torchrun: join the process group; otherwise a single process (rank 0 of 1).
     info = init_distributed(config["distributed"]["backend"])
@@ -80,6 +80,10 @@ def run(config: "ConfigParser") -> None:
             train(config, info)
         else:
             cross_validate(config, info)
+        # Leave together: a rank that tears down its process group while another still
+        # finishes its last collective can abort ("terminate called without an active
+        # exception"). Only on success: after an error the others may never get here.
+        barrier()
     finally:
         close_distributed()
 
@@ -165,8 +169,12 @@ def train(config: "ConfigParser", info: "ProcessInfo") -> None:
     if trainer_config["channels_last"]:
         model = model.to(memory_format=torch.channels_last)  # NHWC: faster convolutions on GPUs
     if is_distributed():
+        # No buffer broadcast before every forward: rank 0's BatchNorm statistics come from its
+        # own batches either way, and validation copies them to every rank (sync_buffers).
         model = DistributedDataParallel(
-            model, device_ids=None if device.index is None else [device.index]
+            model,
+            device_ids=None if device.index is None else [device.index],
+            broadcast_buffers=False,
         )
     if trainer_config["compile"]:
         # Compiled lazily at the first batch; checkpoints still hold the plain model's state.
