@@ -161,7 +161,8 @@ class Trainer(BaseTrainer):
                 ):
                     self.skip_step(epoch, step)
                     continue
-                self.scaler.scale(loss / group_size).backward()
+                scaled = loss if group_size == 1 else loss / group_size
+                self.scaler.scale(scaled).backward()
             if steps_optimizer:
                 if self.grad_clip is not None:
                     self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
