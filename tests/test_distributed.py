@@ -75,7 +75,10 @@ def test_two_processes_agree_and_write_one_set_of_outputs(two_process_run: dict)
     lines = epoch_lines(two_process_run["stdout"])
     assert set(lines) == {0, 1} and set(lines[0]) == {1, 2}
     assert lines[0] == lines[1]  # identical all-reduced metrics on both ranks
-    assert "Global batch 64 = 32 per process x 2 process(es)" in two_process_run["stdout"]
+    assert (
+        "Global batch 64 = 32 per process x 2 process(es) x 1 accumulated"
+        in two_process_run["stdout"]
+    )
 
     save_dir = run_dir.parents[2]
     assert [path.name for path in (save_dir / "models" / "Demo_CifarCNN").iterdir()] == ["ddp"]

@@ -68,15 +68,15 @@ class Trainer(BaseTrainer):
                 f"trainer.monitor watches {self.monitor.key} but there is no validation data: "
                 "set data_loader.args.validation_split or monitor a train/ metric"
             )
-        # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
-        self.len_epoch = config["trainer"]["len_epoch"] or len(self.train_loader)
-        self.log_step = config["trainer"]["log_step"]
         trainer_config = config["trainer"]
+        # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
+        self.len_epoch = trainer_config["len_epoch"] or len(self.train_loader)
+        self.log_step = trainer_config["log_step"]
         self.channels_last = trainer_config["channels_last"]
         self.grad_accum_steps = trainer_config["grad_accum_steps"]
         self.grad_clip = trainer_config["grad_clip"]
-        self.nonfinite = config["trainer"]["nonfinite"]
-        self.max_skipped_steps = config["trainer"]["max_skipped_steps"]
+        self.nonfinite = trainer_config["nonfinite"]
+        self.max_skipped_steps = trainer_config["max_skipped_steps"]
         self.num_skipped_steps = 0
         self.step_scheduler_per_batch = (
             lr_scheduler is not None and config["lr_scheduler"]["interval"] == "step"
@@ -85,17 +85,18 @@ class Trainer(BaseTrainer):
     def on_train_start(self) -> None:
         model = unwrap_model(self.model)
         self.logger.info("%s", model)
-        num_processes = self.data.num_replicas
+        batch_size, num_processes = self.train_loader.batch_size, self.data.num_replicas
         self.logger.info(
             "Data: %d training samples, %d validation samples, %d classes; %d batches per epoch. "
-            "Global batch %d = %d per process x %d process(es), on %s.",
+            "Global batch %d = %d per process x %d process(es) x %d accumulated, on %s.",
             len(self.train_loader.sampler.indices),
             len(self.val_loader.sampler.indices) if self.val_loader is not None else 0,
             len(self.data.class_names()),
             self.len_epoch,
-            self.train_loader.batch_size * num_processes,
-            self.train_loader.batch_size,
+            batch_size * num_processes * self.grad_accum_steps,
+            batch_size,
             num_processes,
+            self.grad_accum_steps,
             self.device,
         )
         if self.rank == 0:  # the data of all ranks together: logged once
