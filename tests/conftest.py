@@ -1,6 +1,7 @@
 """Shared fixtures: shrink the shipped configs and run the real entry points as subprocesses."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,20 @@ SAMPLE_DIR = ROOT.parent / "shared" / "data" / "cifar10-sample"
 # Make the project importable from the tests, as train.py sees it.
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(autouse=True)
+def _detach_log_handlers():
+    """An in-process train.main() points the root logger at files and capsys's stream; undo
+    that, so later tests do not log into a closed stream."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in root.handlers[:]:
+        if type(handler) in (logging.StreamHandler, logging.FileHandler):
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

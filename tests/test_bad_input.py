@@ -8,7 +8,6 @@ resume cases need; each test works on its own copy of it under tmp_path/saved.
 import hashlib
 import importlib.util
 import json
-import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,19 +44,6 @@ def trained_saved_dir(tmp_path_factory):
     assert result.returncode == 0, result.stderr
     assert [path.name for path in checkpoint_dirs(root / "saved")] == ["base"]
     return root / "saved"
-
-
-@pytest.fixture(autouse=True)
-def _detach_log_handlers():
-    """main() points the root logger at capsys's stream; detach it before that stream closes."""
-    root = logging.getLogger()
-    level = root.level
-    yield
-    for handler in root.handlers[:]:
-        if type(handler) in (logging.StreamHandler, logging.FileHandler):
-            root.removeHandler(handler)
-            handler.close()
-    root.setLevel(level)
 
 
 @dataclass

@@ -2,7 +2,6 @@
 checkpoint as subprocesses; resuming a fold, a single fold and the summary in-process."""
 
 import json
-import logging
 import shutil
 import statistics
 from pathlib import Path
@@ -17,19 +16,6 @@ from parse_config import ConfigParser
 from utils.folds import SUMMARY, summarize_folds, summary_lines
 
 RUN = Path("models") / "Demo_CifarCNN"
-
-
-@pytest.fixture(autouse=True)
-def _detach_log_handlers():
-    """In-process train.main() points the root logger at files and capsys's stream; undo that."""
-    root = logging.getLogger()
-    level = root.level
-    yield
-    for handler in root.handlers[:]:
-        if type(handler) in (logging.StreamHandler, logging.FileHandler):
-            root.removeHandler(handler)
-            handler.close()
-    root.setLevel(level)
 
 
 @pytest.fixture(scope="module")
