@@ -402,6 +402,7 @@ class ConfigParser:
         self.run_id = run_id or new_run_id()
         self.resume = resume
         self.run_dir = run_dir
+        self.fine_tune = False
         self.monitor_mode, self.monitor_key = parse_monitor(
             self.config["trainer"]["monitor"], self.config["metrics"], source
         )
@@ -415,9 +416,7 @@ class ConfigParser:
             # A run folder: resume from its newest checkpoint.
             latest = latest_checkpoint(resume)
             if latest is None:
-                raise ConfigError(
-                    f"{resume}: no complete checkpoint recorded in {resume / 'latest'}"
-                )
+                raise ConfigError(f"{resume}: no checkpoint-epoch*.pth in this run folder")
             resume = latest
         if args.config:
             source = args.config
@@ -459,6 +458,8 @@ class ConfigParser:
         if run_dir is not None:
             run_id = run_id or run_dir.name
         parser = cls(config, source=source, run_id=run_id, resume=resume, run_dir=run_dir)
+        # -r with -c starts a new run from a checkpoint's weights (see BaseTrainer.resume).
+        parser.fine_tune = resume is not None and bool(args.config)
         if run_dir is not None and run_dir.name == f"fold-{parser.fold}":
             # A fold's checkpoints lie in <run folder>/fold-<i>/: its run is the folder above.
             parser.run_dir = run_dir.parent

@@ -271,7 +271,11 @@ class BaseTrainer(abc.ABC):
             restored = True
         if state.get("grad_scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["grad_scaler"])
-        if not self.monitor.load_state_dict(state["monitor"]):
+        if self.config.fine_tune:
+            # A new run (perhaps on other validation data, e.g. a cross-validation fold): its
+            # model_best.pth must be the best of this run, not measured against the old one.
+            self.logger.info("Fine-tuning into a new run: the best monitored value starts afresh.")
+        elif not self.monitor.load_state_dict(state["monitor"]):
             self.logger.warning("The monitored metric changed: the best value starts afresh.")
         set_rng_state(state["rng"])
         self.start_epoch = state["epoch"] + 1

@@ -124,7 +124,12 @@ def test_fine_tune_with_a_new_config_starts_a_new_run(trained_run: dict, make_co
     assert "optimizer type changed (Adam -> SGD)" in result.stdout
     assert logged_epochs(result.stdout) == [3]
     new_run = config.parent / "saved" / "models" / "Demo_CifarCNN" / "tuned"
-    assert sorted(path.name for path in new_run.glob("*.pth"))[0] == "checkpoint-epoch3.pth"
+    # The new run's best is its own: its first epoch is the best so far, whatever the old run's.
+    assert "the best monitored value starts afresh" in result.stdout
+    assert sorted(path.name for path in new_run.glob("*.pth")) == [
+        "checkpoint-epoch3.pth",
+        "model_best.pth",
+    ]
 
 
 def test_iteration_based_epochs_and_save_period(make_config) -> None:
