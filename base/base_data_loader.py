@@ -338,8 +338,9 @@ class BaseDataLoader(abc.ABC):
 
     def eval_loader(self, split: str) -> DataLoader:
         """Every sample of `split` exactly once, without augmentation ("val" means the validation set)."""
-        if split == "val" and (self.folds or self.validation_split):
-            return self._eval_loader("train", self.split_indices()[1])
+        source = self.validation_source() if split == "val" else None
+        if source is not None:
+            return self._eval_loader(*source)
         if split not in self.splits:
             raise DataError(f"this data has no {split!r} split (it has: {', '.join(self.splits)})")
         return self._eval_loader(split, np.arange(len(self.dataset(split))))

@@ -11,6 +11,7 @@ from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.synthetic import SyntheticShapes
 from data_loader.transforms import PRESETS, STATS, cifar_transform
+from utils import describe_error
 
 __all__ = ["Cifar10DataLoader", "ImageFolderDataLoader", "SyntheticDataLoader"]
 
@@ -22,9 +23,8 @@ def load_image(path: str) -> Image.Image:
     # PIL reports a broken file as OSError (also UnidentifiedImageError, "image file is
     # truncated"), SyntaxError or ValueError, depending on the format and the damage.
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise DataError(
-            f"{path}: unreadable image ({type(error).__name__}: {reason}); replace or remove it"
+            f"{path}: unreadable image ({describe_error(error)}); replace or remove it"
         ) from None
 
 
@@ -43,12 +43,9 @@ class Cifar10DataLoader(BaseDataLoader):
         try:
             return datasets.CIFAR10(self.data_dir, train=split == "train", download=self.download)
         except Exception as error:  # no network, a corrupt archive, a read-only folder...
-            reason = (
-                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            )
             raise DataError(
                 f"CIFAR-10 not found in {self.data_dir / 'cifar-10-batches-py'} and could not be "
-                f"downloaded ({reason}). Fix: download cifar-10-python.tar.gz from "
+                f"downloaded ({describe_error(error)}). Fix: download cifar-10-python.tar.gz from "
                 "https://www.cs.toronto.edu/~kriz/cifar.html and extract it into "
                 f"{self.data_dir}, or point data_loader.args.data_dir at a copy. "
                 "Offline: python train.py -c configs/demo.json"

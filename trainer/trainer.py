@@ -185,7 +185,7 @@ class Trainer(BaseTrainer):
                 # torchrun the fault and stop flags are agreed on here, so that every rank stops
                 # at the same step.
                 flags = torch.stack(
-                    [first_nonfinite, first_nonfinite.new_tensor(self.stop.signum or 0)]
+                    [first_nonfinite, torch.full_like(first_nonfinite, self.stop.signum or 0)]
                 )
                 all_reduce_max(flags)
                 *interval, first_fault, stop_signum = torch.cat(
@@ -274,7 +274,9 @@ def batch_sums(
     output: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, metric_fns: dict[str, MetricFn]
 ) -> torch.Tensor:
     """[loss * batch size, each metric's sum, batch size] for one batch, on the batch's device."""
-    batch_size = targets.new_tensor(targets.shape[0], dtype=torch.float64)
+    # torch.full fills on the device; new_tensor would copy a host scalar over and, on CUDA,
+    # wait for the queued kernels: a host-device sync on every step.
+    batch_size = torch.full((), targets.shape[0], dtype=torch.float64, device=targets.device)
     sums = [loss.detach().double() * batch_size]
     sums += [metric_fn(output, targets).double() for metric_fn in metric_fns.values()]
     return torch.stack([*sums, batch_size])

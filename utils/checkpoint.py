@@ -10,7 +10,7 @@ from typing import BinaryIO
 
 import torch
 
-from utils.util import UserError, unwrap_model
+from utils.util import UserError, describe_error, unwrap_model
 
 LATEST = "latest"  # a file in the run folder naming its newest complete checkpoint
 CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-batch(\d+))?\.pth")
@@ -78,10 +78,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
             f"{path}: not a readable checkpoint (not a torch.save file?)"
         ) from None
     except Exception as error:  # zipfile, EOF and stream errors all mean a damaged file
-        lines = str(error).strip().splitlines()
-        reason = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
         raise CheckpointError(
-            f"{path}: not a readable checkpoint (truncated or corrupted?): {reason}"
+            f"{path}: not a readable checkpoint (truncated or corrupted?): {describe_error(error)}"
         ) from None
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         raise CheckpointError(

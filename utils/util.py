@@ -12,6 +12,12 @@ class UserError(Exception):
     """A mistake in the user's input (config, CLI, files): reported in one line, exit code 2."""
 
 
+def describe_error(error: BaseException) -> str:
+    """'TypeName: first line of the message', for one-line error reports."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 def derive_seed(*parts: int) -> int:
     """Mix integers (seed, epoch, rank, ...) into one well-spread 63-bit seed."""
     # SeedSequence hashes the whole tuple, so (1, 2) and (2, 1) give unrelated streams.
