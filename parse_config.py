@@ -18,8 +18,9 @@ from types import ModuleType
 from typing import Any
 
 from base.base_data_loader import SAMPLERS
-from utils import UserError
+from utils import ConfigValueError, UserError
 from utils.checkpoint import latest_checkpoint
+from utils.run_folder import is_restartable
 
 REQUIRED = object()  # marks a key without a default
 
@@ -82,6 +83,15 @@ CLASS_WEIGHTS: Check = (
     "a list of one number >= 0 per class, not all 0",
 )
 FOLDS: Check = (lambda v: _is_int(v) and v >= 2, "an integer >= 2")
+# Parameter-name prefixes, e.g. ["network.conv1", "network.layer1"].
+PREFIX_LIST: Check = (
+    lambda v: (
+        isinstance(v, list)
+        and all(isinstance(item, str) and item != "" for item in v)
+        and len(set(v)) == len(v)
+    ),
+    'a list of distinct parameter-name prefixes, e.g. ["network.layer1"]',
+)
 
 # Top-level keys: default (or REQUIRED) and check. "section" entries are {"type", "args"} dicts.
 TOP_LEVEL: dict[str, tuple[Any, Check | str]] = {
@@ -137,7 +147,7 @@ TRAINER: dict[str, tuple[Any, Check]] = {
     "grad_accum_steps": (1, POSITIVE_INT),
     "grad_clip": (None, _optional(POSITIVE_NUMBER)),
     "cudnn_benchmark": (False, BOOL),
-    "tf32": (False, BOOL),
+    "tf32": (None, _optional(BOOL)),
 }
 
 # Arguments inside {"type", "args"} sections that are common enough to check up front.
@@ -166,6 +176,14 @@ SAMPLER_ARGS = {
 }
 
 SECTION_KEYS = {"type", "args"}
+# Keys a section may hold besides type and args (none is filled in when absent, except interval).
+EXTRA_SECTION_KEYS = {
+    "arch": {"freeze"},
+    "optimizer": {"param_groups"},
+    "lr_scheduler": {"interval"},
+}
+# Learning-rate schedulers that step on a metric, once per validated epoch.
+METRIC_SCHEDULERS = ("ReduceLROnPlateau",)
 SCHEDULER_INTERVALS = ("epoch", "step")
 # victoresque/pytorch-template spells monitored metrics "val_loss"; accept it as "val/loss".
 MONITOR_PATTERN = re.compile(r"(train|val)[/_](\w+)")
@@ -258,7 +276,7 @@ def with_defaults(config: dict) -> dict:
 
 
 def _validate_section(name: str, section: Any, source: str) -> None:
-    allowed = SECTION_KEYS | ({"interval"} if name == "lr_scheduler" else set())
+    allowed = SECTION_KEYS | EXTRA_SECTION_KEYS.get(name, set())
     if not isinstance(section, dict):
         raise ConfigError(f'{source}: {name}: must be {{"type": ..., "args": {{...}}}}')
     for key in section:
@@ -274,11 +292,46 @@ def _validate_section(name: str, section: Any, source: str) -> None:
             _check_value(value, KNOWN_ARGS[(name, key)], f"{name}.args.{key}", source)
     if name == "data_loader":
         _check_data_loader_args(section["args"], source)
-    if name == "lr_scheduler" and section["interval"] not in SCHEDULER_INTERVALS:
+    if name == "lr_scheduler":
+        if section["interval"] not in SCHEDULER_INTERVALS:
+            raise ConfigError(
+                f"{source}: lr_scheduler.interval: must be one of {SCHEDULER_INTERVALS}, "
+                f"got {json.dumps(section['interval'])}"
+            )
+        if section["type"] in METRIC_SCHEDULERS and section["interval"] == "step":
+            raise ConfigError(
+                f'{source}: lr_scheduler.interval: must be "epoch" for {section["type"]}, '
+                'which steps on the monitored metric once per epoch; got "step"'
+            )
+    if "freeze" in section:
+        _check_value(section["freeze"], PREFIX_LIST, f"{name}.freeze", source)
+    if "param_groups" in section:
+        _check_param_groups(section["param_groups"], source)
+
+
+def _check_param_groups(groups: Any, source: str) -> None:
+    """optimizer.param_groups: [{"params": PREFIX or [PREFIX, ...], <optimizer option>: ...}]."""
+    if not isinstance(groups, list):
         raise ConfigError(
-            f"{source}: lr_scheduler.interval: must be one of {SCHEDULER_INTERVALS}, "
-            f"got {json.dumps(section['interval'])}"
+            f'{source}: optimizer.param_groups: must be a list of {{"params": ..., "lr": ...}} '
+            f"objects, got {json.dumps(groups)}"
         )
+    for index, group in enumerate(groups):
+        where = f"optimizer.param_groups[{index}]"
+        if not isinstance(group, dict) or "params" not in group:
+            raise ConfigError(
+                f'{source}: {where}: must be an object with "params" (parameter-name prefixes) '
+                f"and the group's optimizer options, got {json.dumps(group)}"
+            )
+        params = group["params"]
+        _check_value(
+            [params] if isinstance(params, str) else params, PREFIX_LIST, f"{where}.params", source
+        )
+        if not params:
+            raise ConfigError(f"{source}: {where}.params: must name at least one prefix")
+        for key, value in group.items():
+            if ("optimizer", key) in KNOWN_ARGS:
+                _check_value(value, KNOWN_ARGS[("optimizer", key)], f"{where}.{key}", source)
 
 
 def _check_data_loader_args(args: dict, source: str) -> None:
@@ -402,7 +455,10 @@ class ConfigParser:
         self.run_id = run_id or new_run_id()
         self.resume = resume
         self.run_dir = run_dir
+        # -r CKPT with -c CONFIG: a new run from the checkpoint's weights (see BaseTrainer.resume);
+        # with --continue it keeps the checkpoint's epoch count and training state.
         self.fine_tune = False
+        self.continue_run = False
         self.monitor_mode, self.monitor_key = parse_monitor(
             self.config["trainer"]["monitor"], self.config["metrics"], source
         )
@@ -412,14 +468,30 @@ class ConfigParser:
         """Build from train.py/test.py arguments: -c, -r, --run-id, the shortcuts and --set."""
         run_dir = None
         resume = Path(args.resume) if getattr(args, "resume", None) else None
+        continue_run = bool(getattr(args, "continue_run", False))
+        if continue_run and not (resume is not None and args.config):
+            raise ConfigError(
+                "--continue: only with -r CHECKPOINT -c CONFIG (a plain -r always continues its run)"
+            )
         if resume is not None and resume.is_dir():
-            # A run folder: resume from its newest checkpoint.
+            # A run folder: resume from its newest checkpoint, or restart one that stopped before
+            # its first checkpoint (it holds only its config.json).
             latest = latest_checkpoint(resume)
-            if latest is None:
+            if latest is None and not is_restartable(resume):
                 raise ConfigError(f"{resume}: no checkpoint-epoch*.pth in this run folder")
-            resume = latest
+            if latest is None and args.config:
+                raise ConfigError(
+                    f"{resume}: no checkpoint to start from; drop -c to restart this run with its "
+                    "own config.json"
+                )
+            if latest is None:
+                run_dir, resume = resume, None
+            else:
+                resume = latest
         if args.config:
             source = args.config
+        elif run_dir is not None:
+            source = str(run_dir / "config.json")
         elif resume is not None:
             # Resuming without -c: the run's own config, saved beside its checkpoints.
             source = str(resume.parent / "config.json")
@@ -458,8 +530,8 @@ class ConfigParser:
         if run_dir is not None:
             run_id = run_id or run_dir.name
         parser = cls(config, source=source, run_id=run_id, resume=resume, run_dir=run_dir)
-        # -r with -c starts a new run from a checkpoint's weights (see BaseTrainer.resume).
         parser.fine_tune = resume is not None and bool(args.config)
+        parser.continue_run = continue_run
         if run_dir is not None and run_dir.name == f"fold-{parser.fold}":
             # A fold's checkpoints lie in <run folder>/fold-<i>/: its run is the folder above.
             parser.run_dir = run_dir.parent
@@ -480,9 +552,11 @@ class ConfigParser:
         """This config training cross-validation fold `fold`, in the same run folder."""
         config = copy.deepcopy(self.config)
         config["data_loader"]["args"]["fold"] = fold
-        return ConfigParser(
+        parser = ConfigParser(
             config, source=self.source, run_id=self.run_id, resume=self.resume, run_dir=self.run_dir
         )
+        parser.fine_tune, parser.continue_run = self.fine_tune, self.continue_run
+        return parser
 
     @property
     def run_checkpoint_dir(self) -> Path:
@@ -522,7 +596,13 @@ class ConfigParser:
         return getattr(module, name)
 
     def init_obj(self, name: str, module: ModuleType, *args: Any, **kwargs: Any) -> Any:
-        """module.<config[name].type>(*args, **config[name].args, **kwargs)."""
+        """module.<config[name].type>(*args, **config[name].args, **kwargs).
+
+        Arguments that do not fit the signature are a ConfigError, and so is a bad value: a
+        ConfigValueError from the project's own classes, or a TypeError / ValueError from
+        torch's (e.g. "Invalid momentum value: -1"). Anything else raised inside the project's
+        own constructor is a bug and keeps its traceback.
+        """
         target, config_args = self._resolve(name, module, kwargs)
         try:
             inspect.signature(target).bind(*args, **config_args, **kwargs)
@@ -530,11 +610,14 @@ class ConfigParser:
             raise ConfigError(f"{self.source}: {name}.args: {error}") from None
         except ValueError:
             pass  # some builtins have no inspectable signature; the call itself will tell
+        is_torch = module.__name__ == "torch" or module.__name__.startswith("torch.")
         try:
             return target(*args, **config_args, **kwargs)
+        except ConfigValueError as error:
+            raise ConfigError(f"{self.source}: {name}.args: {error}") from None
         except (TypeError, ValueError) as error:
-            # The argument names already bound, so this is a bad value: constructors reject
-            # them this way (e.g. "Invalid learning rate: -1", or widths=5 "has no len()").
+            if not is_torch:
+                raise
             raise ConfigError(f"{self.source}: {name}.args: {error}") from None
 
     def init_ftn(self, name: str, module: ModuleType, *args: Any, **kwargs: Any) -> Callable:

@@ -69,10 +69,11 @@ def evaluate_checkpoint(config: "ConfigParser", split: str) -> dict:
     logger = logging.getLogger("test")
     seed_everything(config["seed"])
     device = select_device(config["n_gpu"], logger)
-    state = load_checkpoint(config.resume, map_location=device)
+    state = load_checkpoint(config.resume, map_location="cpu")
     model = config.init_obj("arch", arch_module).to(device)
     load_model_state(model, state, config.resume)
     data = config.init_obj("data_loader", data_module, seed=config["seed"])
+    data.prepare_data()
     criterion = config.lookup(loss_module, config["loss"], "loss")
     metric_fns = {name: config.lookup(metric_module, name, "metrics") for name in config["metrics"]}
     class_names = data.class_names()

@@ -9,9 +9,12 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from parse_config import ConfigParser
     from utils.distributed import ProcessInfo
 
@@ -20,6 +23,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train a model from a JSON config.")
     parser.add_argument("-c", "--config", help="config file (default: the run's own when resuming)")
     parser.add_argument("-r", "--resume", metavar="CKPT", help="checkpoint to resume from")
+    parser.add_argument(
+        "--continue", dest="continue_run", action="store_true",
+        help="with -r CKPT -c CONFIG: keep the checkpoint's epoch count and training state "
+        "instead of starting a new run at epoch 1",
+    )  # fmt: skip
     parser.add_argument(
         "-d", "--device", help="GPUs to use, e.g. 0 or 0,1 (sets CUDA_VISIBLE_DEVICES)"
     )
@@ -40,6 +48,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--set", action="append", metavar="KEY.PATH=VALUE",
         help="override any config key; VALUE is JSON if it parses, else a string (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--requeue-file", metavar="PATH",
+        help="for job scripts that requeue: when a signal stops training, write PATH after the "
+        "checkpoint is saved and exit 0 (so torchrun does not restart the workers)",
     )  # fmt: skip
     return parser.parse_args(argv)
 
@@ -63,23 +76,48 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Interrupted as stop:  # preempted: a resumable checkpoint was saved
         print(f"Interrupted: {stop}", file=sys.stderr)
-        return 128 + stop.signum
+        if args.requeue_file is None:
+            return 128 + stop.signum
+        return request_requeue(Path(args.requeue_file))
     except KeyboardInterrupt:  # a second Ctrl-C
         print("Interrupted at once (second signal): nothing more was saved.", file=sys.stderr)
         return 130
     return 0
 
 
-def run(config: "ConfigParser") -> None:
-    from utils.distributed import barrier, close_distributed, init_distributed
+def request_requeue(path: Path) -> int:
+    """Write the file a job script reads as "checkpoint saved, requeue me" (rank 0); the exit
+    code 0 tells torchrun that the worker did not crash, so --max-restarts does not restart it."""
+    from utils.checkpoint import write_text_atomic
+    from utils.distributed import process_info
 
-    # Under torchrun: join the process group; otherwise a single process (rank 0 of 1).
-    info = init_distributed(config["distributed"]["backend"])
+    if not process_info().is_main:
+        return 0
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, "preempted: the newest checkpoint resumes the run\n")
+    except OSError as error:
+        print(f"error: {path}: cannot write ({error.strerror})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run(config: "ConfigParser") -> None:
+    from logger import setup_logging
+    from utils import select_device
+    from utils.distributed import barrier, close_distributed, init_distributed, process_info
+
+    info = process_info()  # rank 0 of 1 without torchrun
+    # Console only until every check has passed: a bad input must not leave a run folder behind.
+    setup_logging(None, verbosity=config["trainer"]["verbosity"], rank=info.rank)
+    device = select_device(config["n_gpu"], logging.getLogger("train"), local_rank=info.local_rank)
+    # Under torchrun: join the process group, with the backend the device needs.
+    init_distributed(info, config["distributed"]["backend"], device)
     try:
         if config.num_folds is None:
-            train(config, info)
+            train(config, info, device)
         else:
-            cross_validate(config, info)
+            cross_validate(config, info, device)
         # Leave together: a rank that tears down its process group while another still
         # finishes its last collective can abort ("terminate called without an active
         # exception"). Only on success: after an error the others may never get here.
@@ -88,7 +126,7 @@ def run(config: "ConfigParser") -> None:
         close_distributed()
 
 
-def cross_validate(config: "ConfigParser", info: "ProcessInfo") -> None:
+def cross_validate(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -> None:
     """Train fold data_loader.args.fold, or every fold in turn, each in the run's fold-<i>/;
     once every fold has finished, write folds_summary.json and log it (rank 0)."""
     from logger import setup_logging
@@ -102,7 +140,7 @@ def cross_validate(config: "ConfigParser", info: "ProcessInfo") -> None:
     summary = None
     for fold in range(config.num_folds) if config.fold is None else [config.fold]:
         fold_config = config.for_fold(fold)
-        train(fold_config, info)
+        train(fold_config, info, device)
         summary = finish_fold(fold_config) if info.is_main else None
     if not info.is_main:
         return
@@ -120,7 +158,7 @@ def cross_validate(config: "ConfigParser", info: "ProcessInfo") -> None:
     logger.info("Saved %s", config.run_checkpoint_dir / SUMMARY)
 
 
-def train(config: "ConfigParser", info: "ProcessInfo") -> None:
+def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -130,18 +168,17 @@ def train(config: "ConfigParser", info: "ProcessInfo") -> None:
     import model.model as arch_module
     from logger import setup_logging
     from trainer import Trainer
-    from utils import UserError, configure_torch, seed_everything, select_device
-    from utils.distributed import broadcast_object, is_distributed
+    from utils import UserError, configure_torch, seed_everything
+    from utils.distributed import broadcast_object, is_distributed, once_per_node
+    from utils.optim import build_optimizer, freeze
     from utils.run_folder import default_run_id, find_resume_point, prepare_run_folder
 
     verbosity = config["trainer"]["verbosity"]
-    # Console only until every check has passed: a bad input must not leave a run folder behind.
     setup_logging(None, verbosity=verbosity, rank=info.rank)
     logger = logging.getLogger("train")
     seed_everything(config["seed"])
     trainer_config = config["trainer"]
     configure_torch(trainer_config)
-    device = select_device(config["n_gpu"], logger, local_rank=info.local_rank)
     if not config.run_id_given:
         config.run_id = default_run_id(config.run_id, broadcast_object)
 
@@ -152,7 +189,11 @@ def train(config: "ConfigParser", info: "ProcessInfo") -> None:
         rank=info.rank,
         num_replicas=info.world_size,
     )
-    model = config.init_obj("arch", arch_module).to(device)
+    # Downloads happen once per node, before any rank reads the files.
+    once_per_node(data.prepare_data, info)
+    model = config.init_obj("arch", arch_module)
+    freeze(config, model)
+    model = model.to(device)
     if info.world_size > 1 and config["distributed"]["sync_bn"]:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     criterion = config.lookup(loss_module, config["loss"], "loss")
@@ -160,9 +201,7 @@ def train(config: "ConfigParser", info: "ProcessInfo") -> None:
         name: config.lookup(metric_module, name, f"metrics[{index}]")
         for index, name in enumerate(config["metrics"])
     }
-    optimizer = config.init_obj(
-        "optimizer", torch.optim, [param for param in model.parameters() if param.requires_grad]
-    )
+    optimizer = build_optimizer(config, model, device)
     lr_scheduler = None
     if config["lr_scheduler"] is not None:
         lr_scheduler = config.init_obj("lr_scheduler", torch.optim.lr_scheduler, optimizer)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from utils import UserError, derive_seed
+from utils import ConfigValueError, UserError, derive_seed
 
 # data_loader.args.sampler: how each epoch draws the training data.
 SAMPLERS = ("random", "sequential", "subset_random", "weighted")
@@ -169,7 +169,9 @@ class BaseDataLoader(abc.ABC):
         num_replicas: int = 1,
     ) -> None:
         if sampler not in SAMPLERS:
-            raise ValueError(f"unknown sampler {sampler!r}; choose from {', '.join(SAMPLERS)}")
+            raise ConfigValueError(
+                f"unknown sampler {sampler!r}; choose from {', '.join(SAMPLERS)}"
+            )
         self.batch_size = batch_size
         self.seed = seed
         self.sampler = sampler if shuffle else "sequential"
@@ -188,6 +190,10 @@ class BaseDataLoader(abc.ABC):
         self.num_replicas = num_replicas
         self._loaded: dict[str, Dataset] = {}
         self._labels: dict[str, np.ndarray] = {}
+
+    def prepare_data(self) -> None:  # noqa: B027 (an optional hook, not abstract)
+        """Fetch what is missing (e.g. download it). train.py calls it on one process per node
+        while the others wait, before any split is loaded; test.py calls it too."""
 
     @abc.abstractmethod
     def load_split(self, split: str) -> Dataset:
@@ -327,9 +333,14 @@ class BaseDataLoader(abc.ABC):
             drop_last=drop_last,
         )
 
-    def train_loader(self) -> DataLoader:
+    def train_loader(self, *, drop_last: bool = False) -> DataLoader:
+        """The training loader of this rank. drop_last: leave out the short last batch of each
+        pass (every batch then has batch_size samples), unless that leaves no batch at all."""
+        sampler = self.train_sampler()
         dataset = TransformedDataset(self.dataset("train"), self.transform(True))
-        return self._loader(dataset, self.train_sampler())
+        return self._loader(
+            dataset, sampler, drop_last=drop_last and len(sampler) >= self.batch_size
+        )
 
     def val_loader(self) -> DataLoader | None:
         """The validation loader, or None when there is no validation data."""

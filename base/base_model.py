@@ -5,16 +5,57 @@ import abc
 import torch
 from torch import nn
 
+from utils import ConfigValueError
+
 
 class BaseModel(nn.Module, abc.ABC):
-    """An nn.Module that must define forward and prints its trainable parameter count."""
+    """An nn.Module that must define forward, prints its trainable parameter count, and can
+    freeze parts of itself (arch.freeze in config)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Names of the frozen submodules: train() leaves them in evaluation mode.
+        self.frozen_modules: list[str] = []
 
     @abc.abstractmethod
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Compute the model output (logits for the classifiers here)."""
+
+    def freeze(self, prefixes: list[str]) -> None:
+        """Stop training every parameter whose name is a prefix or lies under one (whole name
+        parts: "network.layer1" covers "network.layer1.0.conv1.weight", not "network.layer10").
+
+        A prefix that names a submodule also keeps it in evaluation mode while the rest trains,
+        so its BatchNorm statistics stay those it was given and its dropout is off.
+        """
+        names = [name for name, _ in self.named_parameters()]
+        modules = dict(self.named_modules())
+        for prefix in prefixes:
+            matched = [name for name in names if name == prefix or name.startswith(prefix + ".")]
+            if not matched:
+                raise ConfigValueError(
+                    f"arch.freeze: {prefix!r} matches no parameter of {type(self).__name__} "
+                    f"(names start with: {', '.join(name_prefixes(self))})"
+                )
+            for name in matched:
+                self.get_parameter(name).requires_grad_(False)
+            if prefix in modules:
+                self.frozen_modules.append(prefix)
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> "BaseModel":
+        super().train(mode)
+        for name in self.frozen_modules:
+            self.get_submodule(name).eval()
+        return self
 
     def num_trainable_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.parameters() if parameter.requires_grad)
 
     def __str__(self) -> str:
         return f"{super().__str__()}\nTrainable parameters: {self.num_trainable_parameters():,}"
+
+
+def name_prefixes(module: nn.Module) -> list[str]:
+    """The first two parts of the parameter names (e.g. network.layer1), for error messages."""
+    return sorted({".".join(name.split(".")[:2]) for name, _ in module.named_parameters()})

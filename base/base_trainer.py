@@ -33,7 +33,7 @@ from utils.checkpoint import (
     sorted_checkpoints,
     write_text_atomic,
 )
-from utils.distributed import all_reduce_max
+from utils.distributed import all_reduce_max, gather_objects, world_size
 from utils.monitor import Monitor
 from utils.signals import StopRequest
 from utils.timing import Stopwatch
@@ -95,6 +95,8 @@ class BaseTrainer(abc.ABC):
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
         self.start_epoch = 1
         self.global_step = 0
+        # Batches dropped for a non-finite loss (trainer.nonfinite "skip"), over the whole run.
+        self.num_skipped_steps = 0
         # Where a mid-epoch checkpoint left off: batches already done and their metric sums.
         self.resume_batch = 0
         self.resume_totals: torch.Tensor | None = None
@@ -151,6 +153,8 @@ class BaseTrainer(abc.ABC):
             # so an epoch replays the same way after a resume. (A mid-epoch resume instead
             # continues from the RNG state saved with it.)
             seed_everything(derive_seed(self.config["seed"], epoch, self.rank))
+        # The rate this epoch starts training with (per-step schedules change it as they go).
+        learning_rate = self.optimizer.param_groups[0]["lr"]
         start = time.perf_counter()
         stopwatch = Stopwatch(self.device)
         stopwatch.start()
@@ -170,7 +174,7 @@ class BaseTrainer(abc.ABC):
         # How much of the training time went to waiting for batches: near 1, the input pipeline
         # is the bottleneck (more num_workers, faster transforms).
         metrics["time/data_wait_fraction"] = metrics.pop("time/data_wait_seconds") / train_seconds
-        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["lr"] = learning_rate
         self._step_scheduler(metrics)
 
         improved = self.monitor.update(metrics)
@@ -218,11 +222,15 @@ class BaseTrainer(abc.ABC):
             self.lr_scheduler.step()
 
     def checkpoint_state(self, epoch: int, metrics: dict[str, float]) -> dict:
-        """Everything the next epoch depends on, as tensors and built-in types only."""
+        """Everything the next epoch depends on, as tensors and built-in types only.
+
+        Called on every rank alike: it gathers each rank's RNG state (a collective).
+        """
         model = unwrap_model(self.model)
         return {
             "epoch": epoch,
             "global_step": self.global_step,
+            "num_skipped_steps": self.num_skipped_steps,
             "model": model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
@@ -230,35 +238,38 @@ class BaseTrainer(abc.ABC):
             "monitor": self.monitor.state_dict(),
             "metrics": metrics,
             "config": self.config.config,
-            "rng": get_rng_state(),
+            # One per rank, in rank order: after a mid-epoch resume each rank draws its own
+            # dropout and augmentation again, not rank 0's.
+            "rng": gather_objects(get_rng_state(self.device)),
         }
 
     def resume(self, path: Path) -> None:
         """Load a checkpoint; continue after its epoch (or inside it, for a mid-epoch one).
 
-        Optimizer and scheduler state are kept only when their type and args match the current
-        config (fine-tuning with -c, or --lr, may change them).
+        Fine-tuning (-r CKPT -c CONFIG) takes the weights alone and starts a new run at epoch 1,
+        unless --continue asks to carry on the checkpoint's epoch count and training state.
+        Optimizer and scheduler state are kept only when their config is unchanged (fine-tuning
+        with -c, or --lr, may change them).
         """
-        state = load_checkpoint(path, map_location=self.device)
+        # On the CPU: the RNG states must stay CPU tensors, and load_state_dict moves model and
+        # optimizer state onto the training device itself.
+        state = load_checkpoint(path, map_location="cpu")
         load_model_state(self.model, state, path)
-        saved_config = state["config"]
+        if self.config.fine_tune and not self.config.continue_run:
+            self.logger.info(
+                "Fine-tuning from %s (epoch %d): its weights, in a new run from epoch 1.",
+                path,
+                state["epoch"],
+            )
+            return
         restored = False  # whether the optimizer state was restored
         for name, component in (("optimizer", self.optimizer), ("lr_scheduler", self.lr_scheduler)):
-            saved_section = saved_config.get(name) or {}
-            current_section = self.config[name] or {}
             if component is None or state[name] is None:
                 continue
-            # Restored state would silently override a changed type or args (e.g. a new lr).
-            if saved_section.get("type") != current_section.get("type"):
-                self.logger.warning(
-                    "%s type changed (%s -> %s): its state is not restored.",
-                    name,
-                    saved_section.get("type"),
-                    current_section.get("type"),
-                )
-                continue
-            if saved_section.get("args") != current_section.get("args"):
-                self.logger.warning("%s args changed: its state is not restored.", name)
+            # Restored state would silently override a changed config (e.g. a new lr).
+            changed = config_change(state["config"], self.config.config, name)
+            if changed:
+                self.logger.warning("%s: its state is not restored.", changed)
                 continue
             if name == "lr_scheduler" and not restored:
                 # A scheduler's state holds the old optimizer's base learning rates.
@@ -277,10 +288,46 @@ class BaseTrainer(abc.ABC):
             self.logger.info("Fine-tuning into a new run: the best monitored value starts afresh.")
         elif not self.monitor.load_state_dict(state["monitor"]):
             self.logger.warning("The monitored metric changed: the best value starts afresh.")
-        set_rng_state(state["rng"])
         self.start_epoch = state["epoch"] + 1
         self.global_step = state["global_step"]
+        self.num_skipped_steps = state.get("num_skipped_steps", 0)
         self.resume_batch = state.get("resume_batch", 0)
         self.resume_totals = state.get("resume_totals")
+        self._restore_rng(state["rng"])
         where = f", batch {self.resume_batch}" if self.resume_batch else ""
         self.logger.info("Resumed from %s (epoch %d%s done).", path, state["epoch"], where)
+
+    def _restore_rng(self, saved: list[dict] | dict) -> None:
+        """This rank's own RNG state; a new one derived from where the run stands when the
+        world size changed. (Only a mid-epoch resume needs it: every epoch reseeds.)"""
+        states = saved if isinstance(saved, list) else [saved]  # older checkpoints: rank 0's only
+        if len(states) == world_size():
+            set_rng_state(states[self.rank], self.device)
+        elif self.resume_batch:
+            self.logger.warning(
+                "The checkpoint holds the RNG states of %d process(es), this run has %d: the rest "
+                "of epoch %d draws new random numbers (dropout, augmentation).",
+                len(states),
+                world_size(),
+                self.start_epoch,
+            )
+            seed_everything(
+                derive_seed(self.config["seed"], self.start_epoch, self.rank, self.resume_batch)
+            )
+
+
+def config_change(saved: dict, current: dict, name: str) -> str | None:
+    """What changed in the config of `name` ("optimizer" or "lr_scheduler") between a
+    checkpoint's config and the current one, or None. The optimizer's covers its param_groups
+    and arch.freeze, which decide the parameters it holds."""
+    saved_section, current_section = saved.get(name) or {}, current.get(name) or {}
+    if saved_section.get("type") != current_section.get("type"):
+        return f"{name} type changed ({saved_section.get('type')} -> {current_section.get('type')})"
+    if saved_section.get("args") != current_section.get("args"):
+        return f"{name} args changed"
+    if name == "optimizer":
+        if saved_section.get("param_groups") != current_section.get("param_groups"):
+            return "optimizer.param_groups changed"
+        if saved["arch"].get("freeze") != current["arch"].get("freeze"):
+            return "arch.freeze changed (the optimizer holds other parameters)"
+    return None

@@ -11,7 +11,7 @@ from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.synthetic import SyntheticShapes
 from data_loader.transforms import PRESETS, STATS, cifar_transform
-from utils import describe_error
+from utils import ConfigValueError, describe_error
 
 __all__ = ["Cifar10DataLoader", "ImageFolderDataLoader", "SyntheticDataLoader"]
 
@@ -39,13 +39,23 @@ class Cifar10DataLoader(BaseDataLoader):
         self.download = download
         self.mean, self.std = STATS["cifar"]
 
+    def prepare_data(self) -> None:
+        """Download and extract the archive when it is missing (and download is true)."""
+        if self.download:
+            # Kept: the training split is then not read a second time.
+            self._loaded["train"] = self._cifar10("train", download=True)
+
     def load_split(self, split: str) -> Dataset:
+        return self._cifar10(split, download=False)
+
+    def _cifar10(self, split: str, *, download: bool) -> Dataset:
         try:
-            return datasets.CIFAR10(self.data_dir, train=split == "train", download=self.download)
+            return datasets.CIFAR10(self.data_dir, train=split == "train", download=download)
         except Exception as error:  # no network, a corrupt archive, a read-only folder...
+            tried = " and could not be downloaded" if download else ""
             raise DataError(
-                f"CIFAR-10 not found in {self.data_dir / 'cifar-10-batches-py'} and could not be "
-                f"downloaded ({describe_error(error)}). Fix: download cifar-10-python.tar.gz from "
+                f"CIFAR-10 not found in {self.data_dir / 'cifar-10-batches-py'}{tried} "
+                f"({describe_error(error)}). Fix: download cifar-10-python.tar.gz from "
                 "https://www.cs.toronto.edu/~kriz/cifar.html and extract it into "
                 f"{self.data_dir}, or point data_loader.args.data_dir at a copy. "
                 "Offline: python train.py -c configs/demo.json"
@@ -79,7 +89,7 @@ class ImageFolderDataLoader(BaseDataLoader):
     ) -> None:
         super().__init__(**kwargs)
         if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+            raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
         self.data_dir = Path(data_dir)
         self.preset = preset
         self.image_size = image_size or (224 if preset == "imagenet" else 32)
@@ -135,7 +145,7 @@ class SyntheticDataLoader(BaseDataLoader):
         super().__init__(**kwargs)
         for name, value in (("num_train", num_train), ("num_test", num_test)):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigValueError(f"{name} must be a positive integer, got {value!r}")
         self.sizes = {"train": num_train, "test": num_test}
         self.data_seed = data_seed
         self.mean, self.std = STATS["cifar"]

@@ -79,8 +79,11 @@ def make_config(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `python <args>` like a user would, on the CPU, and capture its output."""
+def run_script(
+    *args: str, cwd: Path = ROOT, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run `python <args>` like a user would, on the CPU, and capture its output; `env` adds
+    to the environment."""
     # One thread per process: 2-core machines running several processes (torchrun, a pytest
     # parent) otherwise oversubscribe and slow down by up to 10x.
     env = {
@@ -88,6 +91,7 @@ def run_script(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "",
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout

@@ -13,6 +13,7 @@ from conftest import ROOT
 
 import train
 from parse_config import ConfigError, ConfigParser
+from utils import ConfigValueError
 
 DELETE = object()  # marks a key to remove in a validation case
 
@@ -28,6 +29,8 @@ NAMESPACE_DEFAULTS = {
     "fold": None,
     "run_id": None,
     "set": None,
+    "continue_run": False,
+    "requeue_file": None,
 }
 
 
@@ -146,7 +149,14 @@ class Box:
 
 class Picky:
     def __init__(self, *, value=0):
-        raise ValueError(f"value {value} is not allowed")
+        raise ConfigValueError(f"value {value} is not allowed")
+
+
+class Buggy:
+    """A constructor with a bug in it: a TypeError raised inside, not by the call."""
+
+    def __init__(self, *, size=1):
+        self.layer = torch.nn.Linear(size)
 
 
 def scale(number, *, factor=2):
@@ -162,7 +172,8 @@ def toys():
     """A module whose __all__ lists what a config may name (hidden is public but not listed)."""
     module = types.ModuleType("toys")
     module.Box, module.Picky, module.scale, module.hidden = Box, Picky, scale, hidden
-    module.__all__ = ["Box", "Picky", "scale"]
+    module.Buggy = Buggy
+    module.__all__ = ["Box", "Buggy", "Picky", "scale"]
     return module
 
 
@@ -203,7 +214,7 @@ def test_unknown_type_lists_the_available_names(demo_config, toys, name):
     with pytest.raises(ConfigError) as error:
         parser.init_obj("arch", toys, "first")
     assert str(error.value) == (
-        f"cfg.json: arch.type: unknown name {name!r} in toys (available: Box, Picky, scale)"
+        f"cfg.json: arch.type: unknown name {name!r} in toys (available: Box, Buggy, Picky, scale)"
     )
 
 
@@ -235,6 +246,12 @@ def test_missing_positional_arg_is_an_error_naming_the_args(demo_config, toys):
 def test_value_error_from_constructor_becomes_config_error(demo_config, toys):
     parser = parser_with(demo_config, {"type": "Picky", "args": {"value": 7}})
     with pytest.raises(ConfigError, match=r"^cfg\.json: arch\.args: value 7 is not allowed$"):
+        parser.init_obj("arch", toys)
+
+
+def test_a_bug_inside_a_project_constructor_keeps_its_traceback(demo_config, toys):
+    parser = parser_with(demo_config, {"type": "Buggy", "args": {"size": 3}})
+    with pytest.raises(TypeError, match="out_features"):
         parser.init_obj("arch", toys)
 
 
@@ -409,8 +426,16 @@ def test_shortcut_value_is_validated(make_config):
         ("foo", 1, "foo: unknown key (known: name, n_gpu, seed, arch, "),
         ("trainer.epoch", 3, "trainer.epoch: unknown key (known: epochs, save_dir, "),
         ("trainer", [1], "trainer: must be an object"),
-        ("optimizer.kind", "SGD", "optimizer.kind: unknown key (allowed: ['args', 'type'])"),
-        ("arch.interval", "epoch", "arch.interval: unknown key (allowed: ['args', 'type'])"),
+        (
+            "optimizer.kind",
+            "SGD",
+            "optimizer.kind: unknown key (allowed: ['args', 'param_groups', 'type'])",
+        ),
+        (
+            "arch.interval",
+            "epoch",
+            "arch.interval: unknown key (allowed: ['args', 'freeze', 'type'])",
+        ),
         ("optimizer.type", 3, "optimizer.type: must be a non-empty string, got 3"),
         ("optimizer", "SGD", 'optimizer: must be {"type": ..., "args": {...}}'),
         ("arch.args", [1], "arch.args: must be an object"),
@@ -434,6 +459,25 @@ def test_shortcut_value_is_validated(make_config):
         ("trainer.monitor", "max test/accuracy", 'trainer.monitor: unknown metric "test/accuracy"'),
         ("trainer.monitor", "max", 'trainer.monitor: unknown metric ""'),
         ("trainer.monitor", "Off", 'trainer.monitor: must be "off" or "min|max <metric>"'),
+        ("trainer.tf32", "on", 'trainer.tf32: must be true or false or null, got "on"'),
+        (
+            "lr_scheduler",
+            {"type": "ReduceLROnPlateau", "args": {}, "interval": "step"},
+            'lr_scheduler.interval: must be "epoch" for ReduceLROnPlateau, which steps on the '
+            'monitored metric once per epoch; got "step"',
+        ),
+        ("arch.freeze", "features", "arch.freeze: must be a list of distinct parameter-name"),
+        ("arch.freeze", ["head", "head"], "arch.freeze: must be a list of distinct"),
+        ("arch.freeze", ["head", ""], "arch.freeze: must be a list of distinct"),
+        ("optimizer.param_groups", {"params": "head"}, "optimizer.param_groups: must be a list"),
+        ("optimizer.param_groups", [{"lr": 0.1}], "optimizer.param_groups[0]: must be an object"),
+        ("optimizer.param_groups", [{"params": 3}], "optimizer.param_groups[0].params: must be a"),
+        ("optimizer.param_groups", [{"params": []}], "optimizer.param_groups[0].params: must name"),
+        (
+            "optimizer.param_groups",
+            [{"params": "head"}, {"params": ["features"], "lr": -1}],
+            "optimizer.param_groups[1].lr: must be a number > 0, got -1",
+        ),
     ],
 )
 def test_validation_error_names_file_and_key(demo_config, write_config, dotted, value, expected):

@@ -1,8 +1,6 @@
 """Data: synthetic images, transforms, seeded splits, samplers and the three folder formats."""
 
-import hashlib
 import json
-import pickle
 import random
 import re
 import time
@@ -11,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cifar_archive import CLASSES as CIFAR_CLASSES
+from cifar_archive import NUM_PER_BATCH, NUM_TEST, PLANTED, archive_files, md5_attributes
 from conftest import SAMPLE_DIR, checkpoint_dirs, run_script
 from PIL import Image
 from torchvision.datasets import CIFAR10
@@ -275,59 +275,20 @@ def test_epoch_sampler_shares_with_padding(shuffle):
 
 # --- Cifar10DataLoader on a generated archive in torchvision's format ------------------------
 
-CIFAR_CLASSES = [f"kind{index}" for index in range(10)]
-NUM_PER_BATCH = 20
-NUM_TEST = 10
-# A bright pixel in an otherwise black training image: (image index, channel, row, column).
-PLANTED = (44, 2, 7, 21)
-
-
-def write_pickle(path: Path, content: dict) -> str:
-    """Write `content` as torchvision's CIFAR-10 files are, and return the file's md5."""
-    path.write_bytes(pickle.dumps(content, protocol=2))
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
 
 @pytest.fixture
 def cifar_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """data_dir/cifar-10-batches-py with 5 x 20 training and 10 test images, labels = index % 10.
+    """data_dir/cifar-10-batches-py holding tests/cifar_archive.py's files.
 
     torchvision checks each file's md5 against its class attributes; they are pointed at ours.
     """
     folder = tmp_path / "cifar" / "cifar-10-batches-py"
     folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    # Python 3 pickles with str keys: CIFAR10 reads them with pickle.load(encoding="latin1").
-    train_list = []
-    for batch in range(5):
-        data = rng.integers(0, 256, size=(NUM_PER_BATCH, 3072), dtype=np.uint8)
-        first = batch * NUM_PER_BATCH
-        index, channel, row, column = PLANTED
-        if first <= index < first + NUM_PER_BATCH:
-            # Rows are 3 planes of 32x32 (R, G, B), each row-major.
-            data[index - first] = 0
-            data[index - first, channel * 1024 + row * 32 + column] = 251
-        content = {
-            "batch_label": f"training batch {batch + 1} of 5",
-            "labels": [(first + offset) % 10 for offset in range(NUM_PER_BATCH)],
-            "data": data,
-            "filenames": [f"image_{first + offset}.png" for offset in range(NUM_PER_BATCH)],
-        }
-        name = f"data_batch_{batch + 1}"
-        train_list.append([name, write_pickle(folder / name, content)])
-    test = {
-        "batch_label": "testing batch 1 of 1",
-        "labels": [offset % 10 for offset in range(NUM_TEST)],
-        "data": rng.integers(0, 256, size=(NUM_TEST, 3072), dtype=np.uint8),
-        "filenames": [f"test_{offset}.png" for offset in range(NUM_TEST)],
-    }
-    test_md5 = write_pickle(folder / "test_batch", test)
-    meta = {"num_cases_per_batch": NUM_PER_BATCH, "label_names": CIFAR_CLASSES, "num_vis": 3072}
-    meta_md5 = write_pickle(folder / "batches.meta", meta)
-
-    monkeypatch.setattr(CIFAR10, "train_list", train_list)
-    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", test_md5]])
-    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": meta_md5})
+    files = archive_files()
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    for name, value in md5_attributes(files, CIFAR10.meta).items():
+        monkeypatch.setattr(CIFAR10, name, value)
     return folder.parent
 
 

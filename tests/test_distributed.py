@@ -212,3 +212,123 @@ def test_imagenet_config_smoke_under_torchrun(tmp_path: Path) -> None:
     run_dir = tmp_path / "saved" / "models" / "ImageNet_ResNet50" / "smoke"
     state = torch.load(run_dir / "checkpoint-epoch1.pth", weights_only=True)
     assert state["global_step"] == 3 and 0 <= state["metrics"]["val/accuracy"] <= 1
+
+
+# --- what a first multi-GPU run meets, on gloo ---------------------------------------------------
+
+DOWNLOAD_WRAPPER = """
+import os, sys, time
+from pathlib import Path
+
+sys.path[:0] = [{root!r}, {tests!r}]
+from torchvision.datasets import cifar
+
+from cifar_archive import archive_files, md5_attributes
+
+files = archive_files()
+for name, value in md5_attributes(files, cifar.CIFAR10.meta).items():
+    setattr(cifar.CIFAR10, name, value)
+
+
+def fake_download(url, download_root, filename=None, md5=None, **kwargs):
+    with open({log!r}, "a") as log:
+        log.write(os.environ["RANK"] + "\\n")
+    time.sleep(1)  # a slow network: a rank that does not wait starts its own download
+    folder = Path(download_root) / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+
+
+cifar.download_and_extract_archive = fake_download
+import train
+
+sys.exit(train.main())
+"""
+
+
+def test_cifar10_is_downloaded_once_and_every_rank_trains(config_path: Path, tmp_path: Path):
+    log = tmp_path / "downloads.log"
+    wrapper = tmp_path / "train_offline.py"
+    wrapper.write_text(
+        DOWNLOAD_WRAPPER.format(root=str(ROOT), tests=str(ROOT / "tests"), log=str(log))
+    )
+    config = json.loads(config_path.read_text())
+    config["data_loader"] = {
+        "type": "Cifar10DataLoader",
+        "args": {"data_dir": str(tmp_path / "cifar"), "batch_size": 16, "validation_split": 20},
+    }
+    config["trainer"]["save_dir"] = str(tmp_path / "saved")
+    path = tmp_path / "cifar.json"
+    path.write_text(json.dumps(config))
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", str(wrapper), "-c", str(path), "--epochs", "1",
+        "--run-id", "cifar",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert log.read_text() == "0\n"  # rank 0 alone downloaded
+    lines = epoch_lines(result.stdout)
+    assert set(lines) == {0, 1} and lines[0] == lines[1]  # and both ranks trained
+    state = torch.load(
+        tmp_path / "saved" / "models" / "Demo_CifarCNN" / "cifar" / "checkpoint-epoch1.pth",
+        weights_only=True,
+    )
+    assert state["global_step"] == 3  # 80 training images / (16 x 2 ranks), rounded up
+
+
+def test_fewer_validation_samples_than_ranks(config_path: Path) -> None:
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config_path), "--epochs", "1",
+        "--run-id", "one-val", "--set", "data_loader.args.validation_split=1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    state = torch.load(
+        config_path.parent / "saved" / RUN / "one-val" / "checkpoint-epoch1.pth", weights_only=True
+    )
+    assert state["metrics"]["val/accuracy"] in (0.0, 1.0)  # one sample, counted once
+
+
+def test_a_mid_epoch_resume_restores_each_ranks_own_rng(spawn, config_path: Path) -> None:
+    """With dropout and augmentation drawn per rank, a 2-process run stopped mid-epoch and
+    resumed ends bit-for-bit where the uninterrupted run does."""
+    args = [
+        "--set", "trainer.len_epoch=60", "--set", "trainer.deterministic=true",
+        "--set", "trainer.log_step=5", "--set", "arch.args.dropout=0.3", "--epochs", "2",
+    ]  # fmt: skip
+    straight = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config_path),
+        "--run-id", "straight", *args,
+    )  # fmt: skip
+    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    launcher = spawn(
+        torchrun(
+            "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config_path),
+            "--run-id", "stopped", *args,
+        ),
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    run_dir = config_path.parent / "saved" / RUN / "stopped"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoint-epoch1.pth").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.01)
+    for pid in worker_pids(launcher.pid):  # as SLURM signals every process of the job
+        os.kill(pid, signal.SIGUSR1)
+    output = launcher.communicate(timeout=120)[0]
+    saved = list(run_dir.glob("checkpoint-epoch2-batch*.pth"))
+    assert len(saved) == 1, output[-3000:]
+    rng = torch.load(saved[0], weights_only=True)["rng"]
+    assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
+
+    resumed = run_torchrun("--standalone", "--nproc_per_node=2", "train.py", "-r", str(saved[0]))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    reference = torch.load(
+        config_path.parent / "saved" / RUN / "straight" / "checkpoint-epoch2.pth",
+        weights_only=True,
+    )
+    final = torch.load(run_dir / "checkpoint-epoch2.pth", weights_only=True)
+    for key, value in reference["model"].items():
+        assert torch.equal(value, final["model"][key]), key
+    assert final["metrics"]["val/loss"] == reference["metrics"]["val/loss"]

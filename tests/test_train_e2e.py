@@ -106,24 +106,46 @@ def test_test_py_reports_the_validation_accuracy_training_saw(
     assert "test/accuracy" in result.stdout and "accuracy of disk" in result.stdout
 
 
-def test_fine_tune_with_a_new_config_starts_a_new_run(trained_run: dict, make_config) -> None:
+def test_fine_tune_with_a_new_config_starts_a_new_run_at_epoch_1(
+    trained_run: dict, make_config
+) -> None:
+    run_dir = trained_run["save_dir"] / "models" / "Demo_CifarCNN" / "first"
+    checkpoint = run_dir / "checkpoint-epoch2.pth"
+    # A learning rate so small that the weights stay the checkpoint's (checked below).
+    config = make_config(
+        **{"optimizer": {"type": "SGD", "args": {"lr": 1e-9}}, "trainer.epochs": 2}
+    )
+    result = run_script("train.py", "-r", str(checkpoint), "-c", str(config), "--run-id", "tuned")
+    assert result.returncode == 0, result.stderr
+    assert "its weights, in a new run from epoch 1" in result.stdout
+    assert logged_epochs(result.stdout) == [1, 2]
+    new_run = config.parent / "saved" / "models" / "Demo_CifarCNN" / "tuned"
+    assert sorted(path.name for path in new_run.glob("*.pth")) == [
+        "checkpoint-epoch1.pth",
+        "checkpoint-epoch2.pth",
+        "model_best.pth",
+    ]
+    state = torch.load(new_run / "checkpoint-epoch2.pth", weights_only=True)
+    assert state["epoch"] == 2 and state["global_step"] == 2 * 8
+    # It started from the checkpoint's weights, not from a new initialisation.
+    original = torch.load(checkpoint, weights_only=True)["model"]
+    for key in ("features.0.weight", "head.weight"):
+        torch.testing.assert_close(state["model"][key], original[key], rtol=0, atol=1e-6)
+
+
+def test_fine_tune_with_continue_keeps_the_epoch_count(trained_run: dict, make_config) -> None:
     run_dir = trained_run["save_dir"] / "models" / "Demo_CifarCNN" / "first"
     config = make_config(
         **{"optimizer": {"type": "SGD", "args": {"lr": 0.01, "momentum": 0.9}}, "trainer.epochs": 3}
     )
     result = run_script(
-        "train.py",
-        "-r",
-        str(run_dir / "checkpoint-epoch2.pth"),
-        "-c",
-        str(config),
-        "--run-id",
-        "tuned",
-    )
+        "train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"), "-c", str(config),
+        "--continue", "--run-id", "continued",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "optimizer type changed (Adam -> SGD)" in result.stdout
     assert logged_epochs(result.stdout) == [3]
-    new_run = config.parent / "saved" / "models" / "Demo_CifarCNN" / "tuned"
+    new_run = config.parent / "saved" / "models" / "Demo_CifarCNN" / "continued"
     # The new run's best is its own: its first epoch is the best so far, whatever the old run's.
     assert "the best monitored value starts afresh" in result.stdout
     assert sorted(path.name for path in new_run.glob("*.pth")) == [

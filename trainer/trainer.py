@@ -57,18 +57,22 @@ class Trainer(BaseTrainer):
         self.data = data
         # Labels the model has no output for fail here, before any output is written.
         data.check(config["arch"]["args"].get("num_classes"))
-        self.train_loader = data.train_loader()
+        trainer_config = config["trainer"]
+        # A compiled model keeps one graph for one batch shape: a short last batch would make
+        # torch.compile recompile (and keep a second graph), so it is dropped instead.
+        self.train_loader = data.train_loader(drop_last=trainer_config["compile"])
         self.val_loader = data.val_loader()
-        if len(self.train_loader) == 0:
+        # Decided on the global counts, alike on every rank: a rank whose share is empty (fewer
+        # validation samples than ranks) still takes part in the collectives.
+        if len(self.train_loader.sampler.indices) == 0:
             raise DataError("the training split is empty: nothing to train on")
-        if self.val_loader is not None and len(self.val_loader.sampler) == 0:
+        if self.val_loader is not None and len(self.val_loader.sampler.indices) == 0:
             raise DataError("the validation split is empty: lower validation_split or add data")
         if self.monitor.key.startswith("val/") and self.val_loader is None:
             raise DataError(
                 f"trainer.monitor watches {self.monitor.key} but there is no validation data: "
                 "set data_loader.args.validation_split or monitor a train/ metric"
             )
-        trainer_config = config["trainer"]
         # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
         self.len_epoch = trainer_config["len_epoch"] or len(self.train_loader)
         self.log_step = trainer_config["log_step"]
@@ -77,7 +81,6 @@ class Trainer(BaseTrainer):
         self.grad_clip = trainer_config["grad_clip"]
         self.nonfinite = trainer_config["nonfinite"]
         self.max_skipped_steps = trainer_config["max_skipped_steps"]
-        self.num_skipped_steps = 0
         self.step_scheduler_per_batch = (
             lr_scheduler is not None and config["lr_scheduler"]["interval"] == "step"
         )
@@ -200,6 +203,9 @@ class Trainer(BaseTrainer):
                     )
                 interval_loss = interval[0] / interval[-1]
                 self.writer.add_scalar("train/step_loss", interval_loss, self.global_step)
+                if self.step_scheduler_per_batch:
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    self.writer.add_scalar("train/lr", lr, self.global_step)
                 progress.set_postfix(
                     loss=f"{interval_loss:.4f}",
                     samples_per_s=f"{num_samples / (time.perf_counter() - start):.0f}",

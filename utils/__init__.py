@@ -2,6 +2,7 @@
 
 from utils.checkpoint import load_checkpoint, save_checkpoint
 from utils.util import (
+    ConfigValueError,
     UserError,
     amp_dtype,
     configure_torch,
@@ -15,6 +16,7 @@ from utils.util import (
 )
 
 __all__ = [
+    "ConfigValueError",
     "UserError",
     "amp_dtype",
     "configure_torch",

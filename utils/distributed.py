@@ -1,11 +1,14 @@
 """torch.distributed helpers: no-ops in a single process, collectives under torchrun."""
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from utils.util import UserError
 
 
 @dataclass(frozen=True)
@@ -25,29 +28,41 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(backend: str | None) -> ProcessInfo:
-    """Join the process group torchrun set up (RANK, LOCAL_RANK, WORLD_SIZE in the environment).
-
-    backend None: nccl when CUDA is available, else gloo. Each rank uses cuda:LOCAL_RANK.
-    """
+def process_info() -> ProcessInfo:
+    """This process's place under torchrun (RANK, LOCAL_RANK, WORLD_SIZE), else 0, 0, 1."""
     if not launched_by_torchrun():
         return ProcessInfo()
-    info = ProcessInfo(
+    return ProcessInfo(
         rank=int(os.environ["RANK"]),
         local_rank=int(os.environ.get("LOCAL_RANK", 0)),
         world_size=int(os.environ["WORLD_SIZE"]),
     )
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if torch.cuda.is_available():
-        torch.cuda.set_device(info.local_rank)
+
+
+def default_backend(device: torch.device) -> str:
+    """nccl for a model on a CUDA device, gloo otherwise: the collectives run on the model's
+    tensors, and nccl cannot reduce CPU tensors (n_gpu 0 on a GPU machine)."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(info: ProcessInfo, backend: str | None, device: torch.device) -> None:
+    """Join the process group torchrun set up; nothing without torchrun.
+
+    backend None: default_backend(device). A CUDA device becomes this process's current one.
+    """
+    if not launched_by_torchrun():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     # Namespace the process group's keys by restart: torchrun reuses its key-value store across
     # elastic restarts, and without a prefix the relaunched workers read the dead workers'
     # addresses (gloo then fails with "Connection refused").
     store, _, _ = next(dist.rendezvous("env://"))
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"template/restart{restart}", store)
-    dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size)
-    return info
+    dist.init_process_group(
+        backend or default_backend(device), store=store, rank=info.rank, world_size=info.world_size
+    )
 
 
 def close_distributed() -> None:
@@ -57,6 +72,11 @@ def close_distributed() -> None:
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    """The number of processes training together (1 without torchrun)."""
+    return dist.get_world_size() if is_distributed() else 1
 
 
 def barrier() -> None:
@@ -76,6 +96,37 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
+
+
+def gather_objects(value: object) -> list:
+    """Every rank's `value`, in rank order, on every rank ([value] in a single process)."""
+    if not is_distributed():
+        return [value]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def once_per_node(function: Callable[[], None], info: ProcessInfo) -> None:
+    """Call `function` (e.g. a download) once per machine while the other processes wait.
+
+    Rank 0 goes first, then the first process of every other node: where the nodes share a
+    file system the files are then already there, where they do not each node fetches its own.
+    A UserError on any rank is raised on every rank, so none is left waiting.
+    """
+    first = info.is_main
+    other_node = info.local_rank == 0 and not info.is_main
+    for my_turn in (first, other_node):
+        error = None
+        if my_turn:
+            try:
+                function()
+            except UserError as raised:
+                error = str(raised)
+        # Also the barrier: nobody goes on before this turn is over.
+        errors = [message for message in gather_objects(error) if message]
+        if errors:
+            raise UserError(errors[0])
 
 
 def broadcast_object(value: object) -> object:

@@ -27,6 +27,12 @@ def default_run_id(own: str, broadcast: Callable[[object], object]) -> str:
     return str(broadcast(own))
 
 
+def is_restartable(run_dir: Path) -> bool:
+    """A run folder that holds its config.json and nothing else: the run stopped before its
+    first checkpoint, so it can start again from epoch 1 without losing anything."""
+    return [path.name for path in run_dir.iterdir()] == ["config.json"]
+
+
 def find_resume_point(config: "ConfigParser") -> tuple[Path | None, str | None]:
     """(checkpoint to start from, error): -r, else auto-resume, else a fresh run in a new folder."""
     if config.resume is not None:
@@ -37,7 +43,8 @@ def find_resume_point(config: "ConfigParser") -> tuple[Path | None, str | None]:
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if config["trainer"]["auto_resume"] or restarted:
         return latest, None
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    # A folder that holds only config.json stopped before its first checkpoint: start it again.
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not is_restartable(run_dir):
         return None, (
             f"{run_dir}: this run already exists; resume it with -r {run_dir}, set "
             "trainer.auto_resume, or choose another --run-id"

@@ -12,6 +12,15 @@ class UserError(Exception):
     """A mistake in the user's input (config, CLI, files): reported in one line, exit code 2."""
 
 
+class ConfigValueError(UserError, ValueError):
+    """A constructor argument from config that cannot be used.
+
+    Raise it from your own model or data loader for a bad `args` value: ConfigParser.init_obj
+    reports it in one line naming the config key. Any other exception raised inside your
+    constructor is a bug and keeps its traceback.
+    """
+
+
 def describe_error(error: BaseException) -> str:
     """'TypeName: first line of the message', for one-line error reports."""
     lines = str(error).strip().splitlines()
@@ -31,8 +40,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def get_rng_state() -> dict:
-    """Every global RNG state as tensors and built-in types, so weights_only loading reads it."""
+def get_rng_state(device: torch.device) -> dict:
+    """Every global RNG state this process uses, as tensors and built-in types (so that
+    weights_only loading reads it): python, numpy, torch on the CPU and on `device` if CUDA."""
     version, python_state, gauss = random.getstate()
     _, numpy_keys, numpy_pos, numpy_has_gauss, numpy_gauss = np.random.get_state()
     return {
@@ -44,12 +54,15 @@ def get_rng_state() -> dict:
             numpy_gauss,
         ],
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # This process's own GPU only: asking for every device's would start a CUDA context on
+        # each GPU of the machine from every rank.
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
 
 
-def set_rng_state(state: dict) -> None:
-    """Restore what get_rng_state returned."""
+def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what get_rng_state returned. The states must be CPU tensors (load checkpoints
+    with map_location="cpu"): torch and numpy refuse any other."""
     version, python_state, gauss = state["python"]
     random.setstate((version, tuple(python_state), gauss))
     numpy_keys, numpy_pos, numpy_has_gauss, numpy_gauss = state["numpy"]
@@ -57,11 +70,13 @@ def set_rng_state(state: dict) -> None:
         ("MT19937", numpy_keys.numpy().astype(np.uint32), numpy_pos, numpy_has_gauss, numpy_gauss)
     )
     torch.set_rng_state(state["torch"])
-    # A checkpoint from a machine with more GPUs restores the devices this one has.
-    if torch.cuda.is_available() and state["cuda"]:
-        num_devices = min(len(state["cuda"]), torch.cuda.device_count())
-        for index in range(num_devices):
-            torch.cuda.set_rng_state(state["cuda"][index], index)
+    cuda_state = state.get("cuda")
+    if isinstance(cuda_state, list):  # older checkpoints held every device's state
+        index = device.index or 0
+        cuda_state = cuda_state[index] if index < len(cuda_state) else None
+    # A checkpoint from the CPU resumed on a GPU (or back) has no state for this device.
+    if device.type == "cuda" and cuda_state is not None:
+        torch.cuda.set_rng_state(cuda_state, device)
 
 
 def configure_torch(trainer_config: dict) -> None:
@@ -73,9 +88,34 @@ def configure_torch(trainer_config: dict) -> None:
     # Speed knobs for CUDA (no effect on the CPU): cuDNN picks the fastest kernels by timing
     # them; TF32 runs fp32 matrix products on tensor cores with a 10-bit mantissa.
     torch.backends.cudnn.benchmark = trainer_config["cudnn_benchmark"]
-    if trainer_config["tf32"]:
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    if trainer_config["tf32"] is not None:  # None: torch's own defaults
+        set_tf32(trainer_config["tf32"])
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 on or off for fp32 matrix products and cuDNN convolutions (and RNNs) alike.
+
+    torch >= 2.9 has per-backend `fp32_precision` settings and refuses to read the older
+    `allow_tf32` flags once they are mixed with it; older torch has only `allow_tf32`.
+    """
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        precision = "tf32" if enabled else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+        torch.backends.cudnn.rnn.fp32_precision = precision
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def tf32_enabled() -> tuple[bool, bool]:
+    """(matrix products, convolutions) use TF32: what set_tf32 set, read with the same API."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return (
+            torch.backends.cuda.matmul.fp32_precision == "tf32",
+            torch.backends.cudnn.conv.fp32_precision == "tf32",
+        )
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
 
 
 def amp_dtype(amp: str | None) -> torch.dtype | None:

@@ -1,0 +1,238 @@
+"""Transfer learning offline: pretrained torchvision weights from a local file or a (faked)
+download, a new classification head, frozen layers and per-group learning rates."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from conftest import ROOT, SAMPLE_DIR, run_script
+from torch import nn
+
+import train
+from model.model import TorchvisionModel
+from parse_config import ConfigParser
+from utils import ConfigValueError, UserError
+from utils.optim import build_optimizer, freeze
+
+FROZEN = ["network.conv1", "network.bn1", "network.layer1", "network.layer2"]
+
+
+@pytest.fixture(scope="module")
+def resnet18_file(tmp_path_factory) -> Path:
+    """A torchvision resnet18 state dict (1000 classes) saved to a file: the "pretrained
+    weights" a user pre-downloads for an offline cluster."""
+    path = tmp_path_factory.mktemp("weights") / "resnet18.pth"
+    torch.manual_seed(1)
+    network = torchvision.models.resnet18()
+    with torch.no_grad():  # BatchNorm statistics unlike a fresh layer's, to see them kept
+        for module in network.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.running_var.uniform_(0.5, 1.5)
+    torch.save(network.state_dict(), path)
+    return path
+
+
+def test_weights_file_loads_the_backbone_and_a_new_head_takes_the_classes(resnet18_file):
+    pretrained = torch.load(resnet18_file, weights_only=True)
+    model = TorchvisionModel("resnet18", num_classes=10, weights=str(resnet18_file))
+    state = model.network.state_dict()
+    for key, value in pretrained.items():
+        if not key.startswith("fc."):
+            assert torch.equal(state[key], value), key
+    assert model.network.fc.out_features == 10 and model.network.fc.in_features == 512
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_weights_file_with_another_number_of_classes(resnet18_file, tmp_path):
+    """A file fine-tuned on 10 classes loads (its head too, when the classes agree)."""
+    ten = TorchvisionModel("resnet18", num_classes=10, weights=str(resnet18_file))
+    path = tmp_path / "ten.pth"
+    torch.save(ten.network.state_dict(), path)
+    same = TorchvisionModel("resnet18", num_classes=10, weights=str(path))
+    assert torch.equal(same.network.fc.weight, ten.network.fc.weight)
+    five = TorchvisionModel("resnet18", num_classes=5, weights=str(path))
+    assert five.network.fc.out_features == 5
+
+
+def test_named_weights_are_downloaded_by_torchvision(resnet18_file, monkeypatch):
+    pretrained = torch.load(resnet18_file, weights_only=True)
+    urls = []
+
+    def fake_download(url, *args, **kwargs):
+        urls.append(url)
+        return pretrained
+
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", fake_download)
+    model = TorchvisionModel("resnet18", num_classes=7, weights="IMAGENET1K_V1")
+    assert urls == [torchvision.models.ResNet18_Weights.IMAGENET1K_V1.url]
+    assert torch.equal(model.network.layer4[1].conv2.weight, pretrained["layer4.1.conv2.weight"])
+    assert model.network.fc.out_features == 7
+
+
+def test_a_failed_download_says_what_to_do(monkeypatch):
+    def offline(url, *args, **kwargs):
+        raise OSError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
+    with pytest.raises(
+        UserError, match=r"could not download .* set arch\.args\.weights to its path"
+    ):
+        TorchvisionModel("resnet18", num_classes=7, weights="DEFAULT")
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        (
+            "IMAGENET22K",
+            "unknown weights 'IMAGENET22K' for resnet18 (available: DEFAULT, IMAGENET1K_V1",
+        ),
+        ("missing/resnet18.pth", "weights file missing/resnet18.pth not found"),
+    ],
+)
+def test_bad_weights_are_config_errors(weights, message):
+    with pytest.raises(ConfigValueError, match=re.escape(message)):
+        TorchvisionModel("resnet18", num_classes=10, weights=weights)
+
+
+def test_weights_of_another_network_are_refused_in_one_line(resnet18_file):
+    with pytest.raises(UserError, match="its weights do not fit torchvision's ResNet"):
+        TorchvisionModel("resnet34", num_classes=10, weights=str(resnet18_file))
+
+
+# --- freezing and parameter groups ----------------------------------------------------------
+
+
+def finetune_parser(tmp_path: Path, weights: Path, **sections) -> ConfigParser:
+    config = json.loads((ROOT / "configs/finetune.json").read_text())
+    config["arch"]["args"]["weights"] = str(weights)
+    config["trainer"]["save_dir"] = str(tmp_path / "saved")
+    for key, value in sections.items():
+        config[key] = {**config[key], **value}
+    return ConfigParser(config, source="finetune.json")
+
+
+def test_freeze_and_param_groups_take_effect(resnet18_file, tmp_path):
+    parser = finetune_parser(tmp_path, resnet18_file)
+    model = TorchvisionModel(**parser["arch"]["args"])
+    freeze(parser, model)
+    optimizer = build_optimizer(parser, model, torch.device("cpu"))
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
+    assert frozen == {
+        name for name, _ in model.named_parameters() if name.startswith(tuple(FROZEN))
+    }
+    # The rest at optimizer.args' rate, the head at its group's.
+    base, head = optimizer.param_groups
+    assert base["lr"] == 0.001 and head["lr"] == 0.01
+    assert {id(param) for param in head["params"]} == {
+        id(model.network.fc.weight),
+        id(model.network.fc.bias),
+    }
+    assert len(base["params"]) + len(head["params"]) == len(
+        [param for param in model.parameters() if param.requires_grad]
+    )
+    # Frozen modules stay in evaluation mode while the rest trains.
+    model.train()
+    assert not model.network.layer1.training and not model.network.bn1.training
+    assert model.network.layer3.training and model.network.fc.training
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        (
+            {"arch": {"freeze": ["network.layer9"]}},
+            "finetune.json: arch.freeze: 'network.layer9' matches no parameter of "
+            "TorchvisionModel (names start with: network.bn1, network.conv1, network.fc,",
+        ),
+        (
+            {"arch": {"freeze": ["network.layer"]}},  # whole name parts only
+            "arch.freeze: 'network.layer' matches no parameter",
+        ),
+        (
+            {"optimizer": {"param_groups": [{"params": "network.head", "lr": 0.1}]}},
+            "finetune.json: optimizer.param_groups[0].params: 'network.head' matches no trainable "
+            "parameter",
+        ),
+        (
+            {"optimizer": {"param_groups": [{"params": "network.layer1", "lr": 0.1}]}},
+            "'network.layer1' matches no trainable parameter (frozen ones are left out",
+        ),
+        (
+            {
+                "optimizer": {
+                    "param_groups": [
+                        {"params": "network.fc", "lr": 0.1},
+                        {"params": ["network.fc.bias"], "lr": 0.2},
+                    ]
+                }
+            },
+            "optimizer.param_groups[1].params: network.fc.bias is already in "
+            "optimizer.param_groups[0]",
+        ),
+    ],
+)
+def test_unknown_or_overlapping_prefixes_are_named(resnet18_file, tmp_path, sections, expected):
+    parser = finetune_parser(tmp_path, resnet18_file, **sections)
+    model = TorchvisionModel(**parser["arch"]["args"])
+    with pytest.raises(UserError) as error:
+        freeze(parser, model)
+        build_optimizer(parser, model, torch.device("cpu"))
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unknown_freeze_prefix_stops_train_py_in_one_line(resnet18_file, tmp_path, capsys):
+    config = json.loads((ROOT / "configs/finetune.json").read_text())
+    config["arch"]["args"]["weights"] = str(resnet18_file)
+    config["arch"]["freeze"] = ["network.layer9"]
+    config["data_loader"]["args"]["data_dir"] = str(tmp_path / "nowhere")
+    config["trainer"]["save_dir"] = str(tmp_path / "saved")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    # The data folder does not exist either; the data is built first and says so.
+    assert train.main(["-c", str(path), "--set", "n_gpu=0"]) == 2
+    assert "nowhere/train: folder not found" in capsys.readouterr().err
+    config["data_loader"] = {"type": "SyntheticDataLoader", "args": {"batch_size": 8}}
+    path.write_text(json.dumps(config))
+    assert train.main(["-c", str(path), "--set", "n_gpu=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: arch.freeze: 'network.layer9' matches no parameter")
+    assert not (tmp_path / "saved").exists()
+
+
+@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=f"no real-image sample at {SAMPLE_DIR}")
+def test_finetune_config_on_real_images(resnet18_file, tmp_path):
+    overrides = {
+        "n_gpu": 0,
+        "arch.args.weights": str(resnet18_file),
+        "data_loader.args.data_dir": str(SAMPLE_DIR),
+        "data_loader.args.image_size": 32,  # CPU-sized; the config's 224 is for a GPU
+        "data_loader.args.batch_size": 32,
+        "data_loader.args.num_workers": 0,
+        "trainer.epochs": 1,
+        "trainer.save_dir": str(tmp_path / "saved"),
+        "trainer.tensorboard": False,
+    }
+    sets = [
+        arg for key, value in overrides.items() for arg in ("--set", f"{key}={json.dumps(value)}")
+    ]
+    result = run_script("train.py", "-c", "configs/finetune.json", "--run-id", "ft", *sets)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = torch.load(
+        tmp_path / "saved" / "models" / "Finetune_ResNet18" / "ft" / "checkpoint-epoch1.pth",
+        weights_only=True,
+    )
+    pretrained = torch.load(resnet18_file, weights_only=True)
+    for key, value in pretrained.items():
+        trained = state["model"][f"network.{key}"]
+        if f"network.{key}".startswith(tuple(FROZEN)):  # weights and BatchNorm statistics
+            assert torch.equal(trained, value), key
+        elif key == "layer4.1.conv2.weight":
+            assert not torch.equal(trained, value)  # the rest did train
+    assert state["model"]["network.fc.weight"].shape == (10, 512)
+    # Chance is 0.10; on 500 validation images, 0.15 is four standard deviations above it.
+    assert state["metrics"]["val/accuracy"] > 0.15, state["metrics"]

@@ -1,0 +1,83 @@
+"""The trainable parameters and the optimizer, from config: arch.freeze, optimizer.param_groups,
+and fused optimizer kernels on CUDA."""
+
+import torch
+from torch import nn
+
+from base import BaseModel
+from base.base_model import name_prefixes
+from parse_config import ConfigError, ConfigParser
+from utils.util import ConfigValueError
+
+# Optimizers whose fused CUDA kernels take GradScaler's inf check as a device tensor: with them
+# an fp16 step never waits on the GPU, while GradScaler.step reads it on the host otherwise.
+FUSED_ON_CUDA = ("Adam", "AdamW", "SGD")
+
+
+def freeze(config: ConfigParser, model: nn.Module) -> None:
+    """Freeze the parameters arch.freeze names (see BaseModel.freeze)."""
+    prefixes = config["arch"].get("freeze") or []
+    if not prefixes:
+        return
+    if not isinstance(model, BaseModel):
+        raise ConfigError(f"{config.source}: arch.freeze: needs a model that subclasses BaseModel")
+    try:
+        model.freeze(prefixes)
+    except ConfigValueError as error:
+        raise ConfigError(f"{config.source}: {error}") from None
+
+
+def build_optimizer(
+    config: ConfigParser, model: nn.Module, device: torch.device
+) -> torch.optim.Optimizer:
+    """optimizer.type over the model's trainable parameters, in optimizer.param_groups.
+
+    On CUDA, Adam, AdamW and SGD use their fused kernels unless optimizer.args sets "fused" or
+    "foreach" itself.
+    """
+    section = config["optimizer"]
+    groups = parameter_groups(model, section.get("param_groups") or [], config.source)
+    extra = {}
+    args = section["args"]
+    if (
+        device.type == "cuda"
+        and section["type"] in FUSED_ON_CUDA
+        and "fused" not in args
+        and not args.get("foreach")
+    ):
+        extra["fused"] = True
+    return config.init_obj("optimizer", torch.optim, groups, **extra)
+
+
+def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[dict]:
+    """The trainable parameters as torch.optim parameter groups: first those no group names
+    (they take optimizer.args), then one per entry of optimizer.param_groups, whose "params"
+    are parameter-name prefixes (whole name parts, as in arch.freeze)."""
+    trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+    owner: dict[str, int] = {}  # parameter name -> index of the group that took it
+    built = []
+    for index, group in enumerate(groups):
+        where = f"{source}: optimizer.param_groups[{index}].params"
+        prefixes = [group["params"]] if isinstance(group["params"], str) else group["params"]
+        params = []
+        for prefix in prefixes:
+            matched = [
+                (name, param)
+                for name, param in trainable
+                if name == prefix or name.startswith(prefix + ".")
+            ]
+            if not matched:
+                raise ConfigError(
+                    f"{where}: {prefix!r} matches no trainable parameter (frozen ones are left "
+                    f"out; names start with: {', '.join(name_prefixes(model))})"
+                )
+            for name, param in matched:
+                if name in owner:
+                    raise ConfigError(
+                        f"{where}: {name} is already in optimizer.param_groups[{owner[name]}]"
+                    )
+                owner[name] = index
+                params.append(param)
+        built.append({**group, "params": params})
+    rest = [param for name, param in trainable if name not in owner]
+    return ([{"params": rest}] if rest else []) + built
