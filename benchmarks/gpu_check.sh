@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# GPU check of the template on a CUDA machine, in one go: sized for about 5 minutes on one H200,
+# GPU check of the template on a CUDA machine, in one go: sized for about 6 minutes on one H200,
 # at most 8. Every step has its own time limit and a failed step does not stop the others.
 # Prints, all to stdout:
 #   1. the GPU (nvidia-smi) and the torch build;
 #   2. benchmarks/throughput.py on cuda: fp32 / bf16 / channels_last / compile samples/s;
-#   3. configs/demo.json trained for 3 epochs once per speed knob (fp32, amp bf16, amp fp16,
-#      channels_last, compile, tf32 + cudnn_benchmark), one table of samples/s and val/accuracy
-#      read from the checkpoints;
-#   4. one torchrun run (1 process) with the NCCL backend;
-#   5. the GPU-marked tests: python -m pytest -q -m gpu.
+#   3. configs/demo.json trained for 3 epochs once per speed knob (fp32, amp bf16, amp fp16
+#      with the fused Adam, channels_last, compile, tf32 + cudnn_benchmark), one table of
+#      samples/s and val/accuracy read from the checkpoints;
+#   4. resume on the GPU: train, SIGTERM inside epoch 2, resume from the mid-epoch checkpoint,
+#      finish;
+#   5. torch.compile with a short last batch: no recompilation (TORCH_LOGS=recompiles);
+#   6. one torchrun run (1 process) with the NCCL backend;
+#   7. configs/finetune.json: a resnet18 state-dict file as the pretrained weights, frozen
+#      layers, a new 10-class head, on a generated image folder;
+#   8. the GPU-marked tests: python -m pytest -q -m gpu (the no-sync tests, fp16 + fused).
 # Exit status: 0 when every step passed, else 1 (the failed steps are listed at the end).
 #
 #   bash benchmarks/gpu_check.sh          # on the GPU machine
@@ -100,7 +105,7 @@ run_step "throughput.py on $device" 240 \
 declare -A knobs=(
     [fp32]=""
     [amp_bf16]="--set trainer.amp=bf16"
-    [amp_fp16]="--set trainer.amp=fp16"
+    [amp_fp16]="--set trainer.amp=fp16" # Adam: fused on CUDA, so no sync per step
     [channels_last]="--set trainer.channels_last=true"
     [compile]="--set trainer.compile=true"
     [tf32_cudnn_benchmark]="--set trainer.tf32=true --set trainer.cudnn_benchmark=true"
@@ -141,6 +146,69 @@ print("(data wait: the share of training time spent waiting for batches; near 1,
       "pipeline and not the knob sets the speed)")
 EOF
 
+# 4. Resume on the device: SIGTERM inside epoch 2, then -r the run folder.
+run_step "resume on $device after SIGTERM" 240 \
+    "$PYTHON" - "$save_dir" "$n_gpu" "${train_args[@]}" <<'EOF'
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+save_dir, n_gpu, extra = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+run_dir = save_dir / "models" / "Demo_CifarCNN" / "resume"
+command = [sys.executable, "train.py", "-c", "configs/demo.json", "--epochs", "3",
+           "--run-id", "resume", "--set", f"n_gpu={n_gpu}", "--set", "trainer.tensorboard=false",
+           "--set", f"trainer.save_dir={save_dir}", *extra, "--set", "trainer.len_epoch=200"]
+process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+while not (run_dir / "checkpoint-epoch1.pth").exists():
+    if process.poll() is not None:
+        sys.exit("training ended before its first checkpoint:\n" + process.stdout.read()[-3000:])
+    time.sleep(0.01)
+time.sleep(0.3)
+process.send_signal(signal.SIGTERM)
+output = process.communicate(timeout=120)[0]
+if process.returncode != 128 + signal.SIGTERM:
+    sys.exit(f"expected exit code 143 after SIGTERM, got {process.returncode}:\n{output[-3000:]}")
+print("saved on SIGTERM:", [path.name for path in sorted(run_dir.glob("checkpoint-epoch2-*"))])
+resumed = subprocess.run([sys.executable, "train.py", "-r", str(run_dir)], capture_output=True,
+                         text=True, timeout=180)
+if resumed.returncode != 0 or "Resumed from" not in resumed.stdout:
+    sys.exit(f"resume failed ({resumed.returncode}):\n{resumed.stdout[-2000:]}{resumed.stderr[-2000:]}")
+final = torch.load(run_dir / "checkpoint-epoch3.pth", weights_only=True, map_location="cpu")
+print(f"resumed and finished: epoch {final['epoch']}, global step {final['global_step']} "
+      f"(expected {3 * 200}), val/accuracy {final['metrics']['val/accuracy']:.4f}")
+sys.exit(0 if final["global_step"] == 3 * 200 else 1)
+EOF
+
+# 5. One graph for the compiled model, also for the short last batch of each epoch.
+run_step "compile on $device: no recompilation" 300 \
+    "$PYTHON" - "$save_dir" "$n_gpu" "${train_args[@]}" <<'EOF'
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+save_dir, n_gpu, extra = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+# Batches of 100 leave a short last one (the training split is not a multiple of 100): it is
+# dropped when compiling, which is what this checks.
+command = [sys.executable, "train.py", "-c", "configs/demo.json", "--epochs", "2",
+           "--run-id", "compile_recompiles", "--set", f"n_gpu={n_gpu}",
+           "--set", "trainer.tensorboard=false", "--set", f"trainer.save_dir={save_dir}", *extra,
+           "--set", "trainer.compile=true", "--bs", "100"]
+result = subprocess.run(command, capture_output=True, text=True, timeout=280,
+                        env={**os.environ, "TORCH_LOGS": "recompiles"})
+recompiles = [line for line in result.stderr.splitlines() if "Recompiling" in line]
+print(f"exit {result.returncode}; recompilations: {len(recompiles)}")
+for line in recompiles[:5]:
+    print("  ", line)
+if result.returncode != 0:
+    print(result.stderr[-3000:])
+sys.exit(0 if result.returncode == 0 and not recompiles else 1)
+EOF
+
 run_step "torchrun --nproc_per_node=1, backend $backend" 180 \
     "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=1 \
     train.py -c configs/demo.json --epochs 1 --run-id "torchrun_$backend" \
@@ -159,6 +227,63 @@ state = torch.load(paths[0], weights_only=True, map_location="cpu")
 backend = state["config"]["distributed"]["backend"]
 print(f"torchrun with {backend} worked: epoch {state['epoch']} saved, "
       f"val/accuracy {state['metrics']['val/accuracy']:.4f}")
+EOF
+
+# 7. Transfer learning: configs/finetune.json from a local weights file (the machine is offline).
+run_step "configs/finetune.json on $device" 300 \
+    "$PYTHON" - "$work_dir" "$n_gpu" "$mode" <<'EOF'
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torchvision
+from PIL import Image
+
+from data_loader.synthetic import CLASS_NAMES, SyntheticShapes
+
+work_dir, n_gpu, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+per_class = {"train": 60, "val": 20} if mode == "gpu" else {"train": 12, "val": 4}
+images = work_dir / "shapes"
+for split, count in per_class.items():
+    data = SyntheticShapes(count * 10 * 3, seed=[7, int(split == "val")])
+    written = dict.fromkeys(CLASS_NAMES, 0)
+    for index in range(len(data)):
+        image, label = data[index]
+        name = CLASS_NAMES[label]
+        if written[name] < count:
+            folder = images / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(folder / f"{index}.png")
+            written[name] += 1
+torch.manual_seed(0)
+weights = work_dir / "resnet18.pth"
+torch.save(torchvision.models.resnet18().state_dict(), weights)
+sets = {
+    "n_gpu": int(n_gpu), "arch.args.weights": str(weights),
+    "data_loader.args.data_dir": str(images),
+    "data_loader.args.image_size": 224 if mode == "gpu" else 32,
+    "data_loader.args.batch_size": 32, "data_loader.args.num_workers": 4 if mode == "gpu" else 0,
+    "trainer.epochs": 3 if mode == "gpu" else 1, "trainer.save_dir": str(work_dir / "saved"),
+    "trainer.tensorboard": False,
+}
+args = [item for key, value in sets.items() for item in ("--set", f"{key}={json.dumps(value)}")]
+result = subprocess.run([sys.executable, "train.py", "-c", "configs/finetune.json",
+                         "--run-id", "finetune", *args], capture_output=True, text=True, timeout=280)
+if result.returncode != 0:
+    sys.exit(f"train.py failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+run_dir = work_dir / "saved" / "models" / "Finetune_ResNet18" / "finetune"
+state = torch.load(sorted(run_dir.glob("checkpoint-epoch*.pth"))[-1], weights_only=True,
+                   map_location="cpu")
+pretrained = torch.load(weights, weights_only=True)
+frozen = ("conv1.", "bn1.", "layer1.", "layer2.")
+changed = [key for key in pretrained if key.startswith(frozen)
+           and not torch.equal(pretrained[key], state["model"][f"network.{key}"])]
+print(f"epoch {state['epoch']}: val/accuracy {state['metrics']['val/accuracy']:.4f} "
+      f"(chance 0.10), head {tuple(state['model']['network.fc.weight'].shape)}, "
+      f"frozen tensors changed: {len(changed)}")
+sys.exit(0 if not changed and state["model"]["network.fc.weight"].shape[0] == 10 else 1)
 EOF
 
 run_step "pytest -m gpu" 240 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider

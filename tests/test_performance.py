@@ -2,6 +2,7 @@
 big batch; fp16 with GradScaler; no host-device sync per step on CUDA."""
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ from torch import nn
 
 from data_loader.data_loaders import SyntheticDataLoader
 from model.loss import cross_entropy
+from model.model import CifarCNN
 from parse_config import ConfigParser
 from trainer import Trainer
 from utils import derive_seed, seed_everything
+from utils.optim import build_optimizer
 
 KNOBS = {
     "bf16": {"trainer.amp": "bf16"},
@@ -100,6 +103,19 @@ def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path: Path) 
     assert not torch.equal(reference[1].bias, torch.zeros(10))
 
 
+def synchronizing_calls(trainer: Trainer) -> list[str]:
+    """The synchronizing CUDA calls one train_epoch makes, as torch's sync debug mode reports
+    them (as warnings, so that all of them are counted rather than the first one raising)."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.train_epoch(1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_no_host_device_sync_between_log_intervals(tmp_path: Path) -> None:
@@ -107,13 +123,32 @@ def test_no_host_device_sync_between_log_intervals(tmp_path: Path) -> None:
     trainer = make_trainer(tmp_path, batch_size=16, accumulate=1, model=model)
     trainer.device = torch.device("cuda")
     trainer.len_epoch = trainer.log_step = 8  # one read, at the last step
-    # Every synchronizing call inside the loop raises, except the read at the interval,
-    # which happens once; count them with "warn" instead of failing on the one expected.
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with pytest.warns(UserWarning) as warnings:
-            trainer.train_epoch(1)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in warnings if "synchroniz" in str(w.message)]
-    assert len(syncs) <= 3, [str(w.message) for w in syncs]
+    syncs = synchronizing_calls(trainer)
+    assert len(syncs) <= 3, syncs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("fused", [True, False])
+def test_fp16_steps_without_a_sync_only_with_a_fused_optimizer(tmp_path: Path, fused: bool) -> None:
+    """GradScaler.step reads its inf check on the host unless the optimizer takes it as a device
+    tensor, which the fused Adam does: build_optimizer picks it on CUDA."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["data_loader"]["args"].update(validation_split=0.0, num_train=256)
+    config["trainer"].update(amp="fp16", len_epoch=8, log_step=8, tensorboard=False)
+    if not fused:
+        config["optimizer"]["args"]["fused"] = False
+    parser = ConfigParser(config, source="test")
+    device = torch.device("cuda")
+    model = CifarCNN(**config["arch"]["args"]).to(device)
+    optimizer = build_optimizer(parser, model, device)
+    assert optimizer.defaults["fused"] is fused
+    data = SyntheticDataLoader(**{**config["data_loader"]["args"], "seed": 0})
+    trainer = Trainer(model, cross_entropy, {}, optimizer, config=parser, device=device, data=data)
+    assert trainer.scaler.is_enabled()
+    trainer.train_epoch(1)  # warm-up: lazy initialisation may sync once
+    syncs = synchronizing_calls(trainer)
+    if fused:
+        assert len(syncs) <= 3, syncs  # the log_step read and the epoch's end
+    else:
+        assert len(syncs) >= 8, syncs  # GradScaler.step: one per step

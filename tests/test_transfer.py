@@ -56,6 +56,13 @@ def test_weights_file_with_another_number_of_classes(resnet18_file, tmp_path):
     assert torch.equal(same.network.fc.weight, ten.network.fc.weight)
     five = TorchvisionModel("resnet18", num_classes=5, weights=str(path))
     assert five.network.fc.out_features == 5
+    # One of this template's checkpoints of a TorchvisionModel serves as weights too.
+    checkpoint = tmp_path / "checkpoint-epoch3.pth"
+    torch.save({"epoch": 3, "config": {}, "model": ten.state_dict()}, checkpoint)
+    from_checkpoint = TorchvisionModel("resnet18", num_classes=5, weights=str(checkpoint))
+    assert torch.equal(
+        from_checkpoint.network.layer3[0].conv1.weight, ten.network.layer3[0].conv1.weight
+    )
 
 
 def test_named_weights_are_downloaded_by_torchvision(resnet18_file, monkeypatch):
