@@ -187,17 +187,20 @@ class BaseTrainer(abc.ABC):
         # The last epoch (also an early-stopped or interrupted one) is always saved, so a run
         # always ends resumable.
         path = self.checkpoint_dir / f"checkpoint-epoch{epoch}.pth"
-        # A signal that came during validation: every rank must agree to stop here.
-        signum = torch.tensor(self.stop.signum or 0, device=self.device)
-        self.stop.signum = int(all_reduce_max(signum).item()) or None
-        stopping = self.monitor.should_stop or self.stop.signum is not None
+        # A signal that came during validation: every rank must agree to stop here. The agreed
+        # value decides, not self.stop.signum: a signal that lands just after the agreement
+        # reaches one rank first, which alone would then stop. It stays pending instead, and
+        # every rank stops at the next agreement.
+        agreed = torch.tensor(self.stop.signum or 0, device=self.device)
+        agreed_signum = int(all_reduce_max(agreed).item()) or None
+        stopping = self.monitor.should_stop or agreed_signum is not None
         if epoch % self.save_period == 0 or epoch == self.epochs or stopping:
             self._save(state, path)
         if improved and self.rank == 0:
             save_checkpoint(state, self.checkpoint_dir / "model_best.pth")
             self.logger.info("Saved model_best.pth (%s %.4g)", self.monitor.key, self.monitor.best)
-        if self.stop.signum is not None and epoch < self.epochs:
-            raise Interrupted(self.stop.signum, path)
+        if agreed_signum is not None and epoch < self.epochs:
+            raise Interrupted(agreed_signum, path)
         return metrics
 
     def _save(self, state: dict, path: Path) -> None:

@@ -115,7 +115,8 @@ def classification_head(network: nn.Module) -> tuple[str, nn.Linear]:
 
 
 def is_weights_file(weights: str) -> bool:
-    """A path rather than a torchvision weights name (those have no '/' and no file suffix)."""
+    """A path rather than a torchvision weights name (names hold no "/" and do not end in
+    .pth, .pt or .bin)."""
     path = Path(weights)
     return "/" in weights or path.suffix in (".pth", ".pt", ".bin") or path.exists()
 

@@ -132,7 +132,9 @@ def test_lr_scheduler_defaults_to_none(demo_config):
     assert ConfigParser(demo_config, source="cfg.json")["lr_scheduler"] is None
 
 
-@pytest.mark.parametrize("name", ["config.json", "configs/demo.json", "configs/imagenet.json"])
+@pytest.mark.parametrize(
+    "name", ["config.json", "configs/demo.json", "configs/imagenet.json", "configs/finetune.json"]
+)
 def test_shipped_configs_parse(name):
     parser = ConfigParser.from_args(namespace(config=str(ROOT / name)))
     assert (parser.monitor_mode, parser.monitor_key) == ("max", "val/accuracy")
@@ -623,3 +625,33 @@ def test_resume_without_beside_config_is_a_one_line_error(moved_run):
 def test_resume_of_a_missing_checkpoint(tmp_path):
     path = tmp_path / "gone" / "checkpoint-epoch1.pth"
     assert parse_error(resume=str(path)) == f"{path}: checkpoint not found"
+
+
+def test_continue_needs_a_checkpoint_and_a_config(make_config, moved_run):
+    message = parse_error(config=str(make_config()), continue_run=True)
+    assert message.startswith("--continue: only with -r CHECKPOINT -c CONFIG")
+    assert parse_error(resume=str(moved_run), continue_run=True).startswith("--continue: only")
+    parser = ConfigParser.from_args(
+        namespace(config=str(make_config()), resume=str(moved_run), continue_run=True)
+    )
+    assert parser.fine_tune and parser.continue_run
+    # Each fold of a cross-validated fine-tune is a fine-tune too.
+    folds = ConfigParser.from_args(
+        namespace(config=str(make_config()), resume=str(moved_run), folds=3)
+    )
+    assert folds.for_fold(1).fine_tune and not folds.for_fold(1).continue_run
+
+
+def test_a_run_folder_without_checkpoints_restarts_with_its_own_config(moved_run):
+    moved_run.unlink()  # the run stopped before its first checkpoint: only config.json is left
+    parser = ConfigParser.from_args(namespace(resume=str(moved_run.parent)))
+    assert parser.resume is None and not parser.fine_tune
+    assert parser.source == str(moved_run.parent / "config.json")
+    assert parser.checkpoint_dir == moved_run.parent and parser.run_id == "my-run"
+
+
+def test_a_run_folder_with_other_files_but_no_checkpoint_is_refused(moved_run):
+    moved_run.unlink()
+    (moved_run.parent / "notes.txt").write_text("mine")
+    message = parse_error(resume=str(moved_run.parent))
+    assert message == f"{moved_run.parent}: no checkpoint-epoch*.pth in this run folder"

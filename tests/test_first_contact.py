@@ -79,6 +79,29 @@ def test_the_checkpoint_holds_one_rng_state_per_rank(tmp_path):
     assert state["rng"][0]["torch"].device.type == "cpu" and state["rng"][0]["cuda"] is None
 
 
+def test_a_signal_just_after_the_ranks_agreed_waits_for_the_next_agreement(tmp_path, monkeypatch):
+    """Under torchrun a signal reaches the ranks at different moments. One that lands on a rank
+    after the end-of-epoch agreement must not stop that rank alone (the others would train on
+    and wait for it forever): it stops every rank at the next agreement."""
+    import signal
+
+    import base.base_trainer
+
+    trainer = make_trainer(tmp_path, torch.device("cpu"), epochs=2)
+    agree = base.base_trainer.all_reduce_max
+
+    def agree_then_signal(tensor):
+        agreed = agree(tensor)
+        trainer.stop.signum = signal.SIGUSR1  # arrives right after the collective
+        return agreed
+
+    monkeypatch.setattr(base.base_trainer, "all_reduce_max", agree_then_signal)
+    trainer.checkpoint_dir.mkdir(parents=True)
+    trainer._run_epoch(1)  # does not raise Interrupted: the ranks agreed on no signal
+    assert trainer.stop.signum == signal.SIGUSR1  # still pending for the next agreement
+    assert (trainer.checkpoint_dir / "checkpoint-epoch1.pth").is_file()
+
+
 # --- 5. TF32 on the lowest supported torch and the newest ---------------------------------------
 
 
