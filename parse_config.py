@@ -148,6 +148,8 @@ TRAINER: dict[str, tuple[Any, Check]] = {
     "grad_clip": (None, _optional(POSITIVE_NUMBER)),
     "cudnn_benchmark": (False, BOOL),
     "tf32": (None, _optional(BOOL)),
+    "type": ("Trainer", STRING),
+    "args": ({}, (lambda v: isinstance(v, dict), "an object {...}")),
 }
 
 # Arguments inside {"type", "args"} sections that are common enough to check up front.
@@ -263,7 +265,7 @@ def with_defaults(config: dict) -> dict:
     if isinstance(config.get("trainer"), dict):
         for key, (default, _) in TRAINER.items():
             if default is not REQUIRED:
-                config["trainer"].setdefault(key, default)
+                config["trainer"].setdefault(key, copy.deepcopy(default))
     for name in ("arch", "data_loader", "optimizer", "lr_scheduler"):
         if isinstance(config.get(name), dict):
             config[name].setdefault("args", {})

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from base import StepOutput
     from parse_config import ConfigParser
 
 
@@ -56,42 +57,37 @@ def main(argv: list[str] | None = None) -> int:
 def evaluate_checkpoint(config: "ConfigParser", split: str) -> dict:
     import torch
 
-    import data_loader.data_loaders as data_module
-    import model.loss as loss_module
-    import model.metric as metric_module
-    import model.model as arch_module
     from logger import setup_logging
-    from trainer import evaluate
-    from utils import amp_dtype, load_checkpoint, seed_everything, select_device
+    from utils import load_checkpoint, seed_everything, select_device
+    from utils.build import build_trainer
     from utils.checkpoint import load_model_state
+    from utils.distributed import ProcessInfo
 
     setup_logging(None, verbosity=1)
     logger = logging.getLogger("test")
     seed_everything(config["seed"])
     device = select_device(config["n_gpu"], logger)
     state = load_checkpoint(config.resume, map_location="cpu")
-    model = config.init_obj("arch", arch_module).to(device)
-    load_model_state(model, state, config.resume)
-    data = config.init_obj("data_loader", data_module, seed=config["seed"])
-    data.prepare_data()
-    criterion = config.lookup(loss_module, config["loss"], "loss")
-    metric_fns = {name: config.lookup(metric_module, name, "metrics") for name in config["metrics"]}
-    class_names = data.class_names()
+    # The run's own trainer, validation step, precision and memory format: --split val
+    # reproduces the validation of the run.
+    trainer = build_trainer(config, ProcessInfo(), device, logger, training=False)
+    load_model_state(trainer.model, state, config.resume)
+    class_names = trainer.data.class_names()
+    hits = torch.zeros(2, len(class_names), dtype=torch.int64, device=device)
 
-    # The precision and memory format the run validated with, so --split val reproduces it.
-    trainer_config = config["trainer"]
-    if trainer_config["channels_last"]:
-        model = model.to(memory_format=torch.channels_last)
-    metrics, per_class = evaluate(
-        model, data.eval_loader(split), criterion, metric_fns, device,
-        prefix=split, num_classes=len(class_names),
-        amp_dtype=amp_dtype(trainer_config["amp"]), channels_last=trainer_config["channels_last"],
-    )  # fmt: skip
+    def count_hits(result: "StepOutput") -> None:
+        """[correct, total] per class, for classifiers (logits (B, C) and labels (B,))."""
+        correct = result.output.argmax(dim=1) == result.target
+        hits[0] += torch.bincount(result.target[correct], minlength=len(class_names))
+        hits[1] += torch.bincount(result.target, minlength=len(class_names))
+
+    observe = count_hits if class_names else None
+    metrics = trainer.evaluate(trainer.data.eval_loader(split), split, observe=observe)
     num_samples = int(metrics.pop(f"{split}/num_samples"))
-    correct, total = per_class.tolist()
+    correct, total = hits.tolist()
     per_class_accuracy = {
-        name: (hits / count if count else None)
-        for name, hits, count in zip(class_names, correct, total, strict=True)
+        name: (right / count if count else None)
+        for name, right, count in zip(class_names, correct, total, strict=True)
     }
     logger.info(
         "%s: %d samples from %s (epoch %d)", split, num_samples, config.resume, state["epoch"]

@@ -1,7 +1,16 @@
 """Abstract base classes: subclass these to plug in your own data, model and trainer."""
 
-from base.base_data_loader import BaseDataLoader, EpochSampler, TransformedDataset
+from base.base_data_loader import BaseDataLoader, TransformedDataset
 from base.base_model import BaseModel
 from base.base_trainer import BaseTrainer
+from utils.metric_sums import StepOutput
+from utils.sampler import EpochSampler
 
-__all__ = ["BaseDataLoader", "BaseModel", "BaseTrainer", "EpochSampler", "TransformedDataset"]
+__all__ = [
+    "BaseDataLoader",
+    "BaseModel",
+    "BaseTrainer",
+    "EpochSampler",
+    "StepOutput",
+    "TransformedDataset",
+]

@@ -6,14 +6,14 @@ samplers, the loaders, and the checks and summary of the data before training.
 """
 
 import abc
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
-from utils import ConfigValueError, UserError, derive_seed
+from utils import ConfigValueError, UserError
+from utils.sampler import EpochSampler
 
 # data_loader.args.sampler: how each epoch draws the training data.
 SAMPLERS = ("random", "sequential", "subset_random", "weighted")
@@ -28,94 +28,6 @@ class DataError(UserError):
         if message.startswith("Caught DataError in DataLoader worker"):
             message = message.rstrip().splitlines()[-1].partition("DataError: ")[2]
         super().__init__(message)
-
-
-class EpochSampler(Sampler[int]):
-    """Yields `indices` in an order that depends only on (seed, epoch, pass), never on global RNG.
-
-    One sequence for all ranks together is drawn from a generator seeded by (seed, epoch, pass):
-    `indices` in order (shuffle False); a permutation of them (shuffle True); uniform draws
-    (replacement True); or draws with probability proportional to `weights`, with replacement
-    (what torch's WeightedRandomSampler does). It is num_samples long, by default
-    len(indices); without replacement a longer one is several permutations in a row.
-
-    Each rank takes every num_replicas-th position of that sequence, so the shares are disjoint
-    and weighted draws keep their class balance over all ranks together. `pad` repeats the
-    first positions until every rank has the same count (training needs equal step counts under
-    DDP); evaluation leaves it off so every sample is counted exactly once.
-    """
-
-    def __init__(
-        self,
-        indices: Sequence[int],
-        *,
-        shuffle: bool,
-        seed: int,
-        num_replicas: int = 1,
-        rank: int = 0,
-        pad: bool = False,
-        replacement: bool = False,
-        num_samples: int | None = None,
-        weights: Sequence[float] | None = None,
-    ) -> None:
-        # Draws of any kind are random: without shuffle there is only the given order.
-        assert shuffle or (not replacement and num_samples is None and weights is None)
-        self.indices = np.asarray(indices, dtype=np.int64)
-        self.shuffle = shuffle
-        self.seed = seed
-        self.num_replicas = num_replicas
-        self.rank = rank
-        self.pad = pad
-        self.replacement = replacement
-        # Nothing to draw from gives nothing, whatever num_samples asks for.
-        self.num_samples = 0 if len(self.indices) == 0 else (num_samples or len(self.indices))
-        self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
-        self.epoch = 0
-        self.pass_index = 0
-        self.start = 0
-        # Handed to the DataLoader, which draws its worker base seed from it rather than from
-        # the global RNG: worker seeds follow (seed, epoch, pass), and a mid-epoch resume that
-        # restores the global RNG state is not thrown off by a new iterator's seed draw.
-        self.generator = torch.Generator()
-
-    def set_epoch(self, epoch: int, pass_index: int = 0, start: int = 0) -> None:
-        """Choose the order for this epoch (and pass, when an epoch spans several passes).
-
-        `start` skips that many of this rank's indices: a mid-epoch resume continues there.
-        """
-        self.epoch = epoch
-        self.pass_index = pass_index
-        self.start = start
-        self.generator.manual_seed(derive_seed(self.seed, epoch, pass_index, self.rank))
-
-    def global_order(self, epoch: int, pass_index: int = 0) -> np.ndarray:
-        """The sequence of (epoch, pass) for all ranks together, before padding and sharding."""
-        if not self.shuffle or self.num_samples == 0:
-            return self.indices
-        generator = np.random.default_rng([self.seed, epoch, pass_index])
-        count = len(self.indices)
-        if self.weights is not None:
-            probabilities = self.weights / self.weights.sum()
-            positions = generator.choice(count, size=self.num_samples, p=probabilities)
-        elif self.replacement:
-            positions = generator.integers(count, size=self.num_samples)
-        else:
-            num_permutations = -(-self.num_samples // count)
-            permutations = [generator.permutation(count) for _ in range(num_permutations)]
-            positions = np.concatenate(permutations)[: self.num_samples]
-        return self.indices[positions]
-
-    def __iter__(self) -> Any:
-        order = self.global_order(self.epoch, self.pass_index)
-        if self.pad and len(order) % self.num_replicas:
-            extra = self.num_replicas - len(order) % self.num_replicas
-            order = np.concatenate([order, np.resize(order, extra)])
-        return iter(order[self.rank :: self.num_replicas][self.start :].tolist())
-
-    def __len__(self) -> int:
-        if self.pad:
-            return -(-self.num_samples // self.num_replicas)
-        return len(range(self.rank, self.num_samples, self.num_replicas))
 
 
 class TransformedDataset(Dataset):
@@ -218,14 +130,21 @@ class BaseDataLoader(abc.ABC):
         return self._loaded[split]
 
     def labels(self, split: str) -> np.ndarray:
-        """The label of every sample of `split`: the dataset's `targets` (torchvision's name)
-        when it has them, else read by loading every sample once."""
+        """The class label of every sample of `split`: the dataset's `targets` (torchvision's
+        name) when it has them, else read by loading every sample once. Only what needs classes
+        calls it: the weighted sampler, the folds, the class counts and the label check."""
         if split not in self._labels:
             dataset = self.dataset(split)
             targets = getattr(dataset, "targets", None)
             if targets is None:
                 targets = [label for _, label in dataset]
-            self._labels[split] = np.asarray(targets, dtype=np.int64)
+            try:
+                self._labels[split] = np.asarray(targets, dtype=np.int64)
+            except (TypeError, ValueError):
+                raise DataError(
+                    f"{self.location(split)}: its targets are not class labels, which the "
+                    "weighted sampler and k-fold splits need"
+                ) from None
         return self._labels[split]
 
     def split_indices(self) -> tuple[np.ndarray, np.ndarray]:
@@ -333,14 +252,17 @@ class BaseDataLoader(abc.ABC):
             drop_last=drop_last,
         )
 
+    def view(self, split: str, augment: bool) -> Dataset:
+        """What the loaders of `split` read: (transformed input, target) pairs. Override it for
+        other pairs, e.g. (noisy image, clean image) for denoising."""
+        return TransformedDataset(self.dataset(split), self.transform(augment))
+
     def train_loader(self, *, drop_last: bool = False) -> DataLoader:
         """The training loader of this rank. drop_last: leave out the short last batch of each
         pass (every batch then has batch_size samples), unless that leaves no batch at all."""
         sampler = self.train_sampler()
-        dataset = TransformedDataset(self.dataset("train"), self.transform(True))
-        return self._loader(
-            dataset, sampler, drop_last=drop_last and len(sampler) >= self.batch_size
-        )
+        drop_last = drop_last and len(sampler) >= self.batch_size
+        return self._loader(self.view("train", augment=True), sampler, drop_last=drop_last)
 
     def val_loader(self) -> DataLoader | None:
         """The validation loader, or None when there is no validation data."""
@@ -360,13 +282,16 @@ class BaseDataLoader(abc.ABC):
         sampler = EpochSampler(
             indices, shuffle=False, seed=self.seed, num_replicas=self.num_replicas, rank=self.rank
         )
-        return self._loader(TransformedDataset(self.dataset(split), self.transform(False)), sampler)
+        return self._loader(self.view(split, augment=False), sampler)
 
     def check(self, num_classes: int | None) -> None:
-        """Refuse training labels outside the model's `num_classes` outputs (None: not known)."""
+        """Refuse training labels outside the model's `num_classes` outputs (None: not known,
+        or not a classifier: nothing to check)."""
+        if num_classes is None:
+            return
         labels = self.labels("train")
         num_data_classes = max(len(self.class_names()), int(labels.max(initial=-1)) + 1)
-        if num_classes is not None and num_data_classes > num_classes:
+        if num_data_classes > num_classes:
             raise DataError(
                 f"{self.location('train')}: {num_data_classes} classes, but arch.args.num_classes "
                 f"is {num_classes}: labels {num_classes} to {num_data_classes - 1} are outside "

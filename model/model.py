@@ -59,6 +59,7 @@ class CifarCNN(BaseModel):
         self.features = nn.Sequential(*layers)
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(channels * out_height * out_width, num_classes)
+        self.num_classes = num_classes  # the trainer checks the data's labels against it
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.features(images)  # (B, C, H / 2^blocks, W / 2^blocks)
@@ -77,6 +78,7 @@ class TorchvisionModel(BaseModel):
 
     def __init__(self, name: str, *, num_classes: int = 1000, weights: str | None = None) -> None:
         super().__init__()
+        self.num_classes = num_classes  # the trainer checks the data's labels against it
         if name not in torchvision.models.list_models():
             raise ConfigValueError(
                 f"unknown torchvision model {name!r}; see torchvision.models.list_models()"

@@ -4,8 +4,11 @@ backend, fused optimizers, torch.compile's graphs, runs that crashed before thei
 checkpoint, bugs in user code, and learning-rate bookkeeping."""
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ from trainer import Trainer
 from utils import save_checkpoint
 from utils.distributed import ProcessInfo, default_backend, init_distributed
 from utils.optim import build_optimizer
+from utils.training_state import checkpoint_state
 from utils.util import set_tf32, tf32_enabled
 
 RUN = Path("models") / "Demo_CifarCNN"
@@ -55,7 +59,7 @@ def test_resume_loads_on_the_cpu_and_places_state_on_the_training_device(tmp_pat
     trainer = make_trainer(tmp_path / "cpu", torch.device("cpu"))
     trainer.train_epoch(1)
     trainer.num_skipped_steps = 3
-    state = trainer.checkpoint_state(1, {"train/loss": 1.0})
+    state = checkpoint_state(trainer, 1, {"train/loss": 1.0})
     if mid_epoch:
         state["resume_batch"], state["resume_totals"] = 2, torch.ones(4, dtype=torch.float64)
     path = tmp_path / "checkpoint-epoch1.pth"
@@ -74,7 +78,7 @@ def test_resume_loads_on_the_cpu_and_places_state_on_the_training_device(tmp_pat
 
 
 def test_the_checkpoint_holds_one_rng_state_per_rank(tmp_path):
-    state = make_trainer(tmp_path, torch.device("cpu")).checkpoint_state(0, {})
+    state = checkpoint_state(make_trainer(tmp_path, torch.device("cpu")), 0, {})
     assert isinstance(state["rng"], list) and len(state["rng"]) == 1
     assert state["rng"][0]["torch"].device.type == "cpu" and state["rng"][0]["cuda"] is None
 
@@ -97,7 +101,7 @@ def test_a_signal_just_after_the_ranks_agreed_waits_for_the_next_agreement(tmp_p
 
     monkeypatch.setattr(base.base_trainer, "all_reduce_max", agree_then_signal)
     trainer.checkpoint_dir.mkdir(parents=True)
-    trainer._run_epoch(1)  # does not raise Interrupted: the ranks agreed on no signal
+    trainer.run_epoch(1)  # does not raise Interrupted: the ranks agreed on no signal
     assert trainer.stop.signum == signal.SIGUSR1  # still pending for the next agreement
     assert (trainer.checkpoint_dir / "checkpoint-epoch1.pth").is_file()
 
@@ -190,20 +194,43 @@ def demo_config_parser(tmp_path):
 
 
 @pytest.mark.slow
-def test_compile_does_not_recompile_for_the_short_last_batch(make_config):
-    # 256 training samples in batches of 48: five full batches and a short one of 16.
+def test_compile_does_not_recompile_after_the_first_epoch(make_config):
+    # 256 training samples in batches of 48: five full batches and a short one of 16, which is
+    # dropped. Validation (64 samples: 48 + 16) compiles its own graphs in epoch 1.
     config = make_config(
         **{"data_loader.args.batch_size": 48, "trainer.compile": True, "trainer.tensorboard": False}
     )
-    result = run_script(
-        "train.py", "-c", str(config), "--run-id", "compiled", env={"TORCH_LOGS": "recompiles"}
+    command = [
+        sys.executable,
+        "train.py",
+        "-c",
+        str(config),
+        "--run-id",
+        "compiled",
+        "--epochs",
+        "3",
+    ]
+    env = {
+        **os.environ,
+        "TORCH_LOGS": "recompiles",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    # One stream, so that the order of the log lines and the recompilations is kept.
+    result = subprocess.run(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Recompiling" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-3000:]
+    after_first_epoch = result.stdout.partition("epoch 1/3 ")[2]
+    assert "epoch 3/3" in after_first_epoch
+    assert "Recompiling" not in after_first_epoch, after_first_epoch[-3000:]
+    # Training itself never recompiles: every recompilation is validation's (grad mode off).
+    training = [line for line in result.stdout.splitlines() if "size mismatch" in line]
+    assert all("actual 16" in line for line in training)  # the validation batch of 16
     state = torch.load(
-        config.parent / "saved" / RUN / "compiled" / "checkpoint-epoch2.pth", weights_only=True
+        config.parent / "saved" / RUN / "compiled" / "checkpoint-epoch3.pth", weights_only=True
     )
-    assert state["global_step"] == 2 * 5  # the short last batch of each epoch was dropped
+    assert state["global_step"] == 3 * 5  # the short last batch of each epoch was dropped
 
 
 # --- 10. a run that crashed before its first checkpoint ----------------------------------------

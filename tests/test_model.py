@@ -10,7 +10,7 @@ from base import BaseDataLoader, BaseModel, BaseTrainer
 from model.loss import cross_entropy
 from model.metric import accuracy, top_k_acc
 from model.model import CifarCNN, TorchvisionModel
-from trainer.trainer import batch_sums, evaluate, to_metrics
+from utils.metric_sums import MetricSums, StepOutput
 
 METRIC_FNS = {"accuracy": accuracy, "top_k_acc": top_k_acc}
 
@@ -139,14 +139,18 @@ def logits_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
     return logits, targets
 
 
-def test_batch_sums_give_whole_set_metrics_for_uneven_batches(logits_and_targets):
+def sums_over(batches, metric_fns) -> dict[str, float]:
+    """The engine's bookkeeping over (output, target) batches: a StepOutput per batch."""
+    sums = MetricSums(metric_fns, torch.device("cpu"))
+    for output, target in batches:
+        sums.add(StepOutput(loss=cross_entropy(output, target), output=output, target=target))
+    return sums.result("val")
+
+
+def test_metric_sums_give_whole_set_metrics_for_uneven_batches(logits_and_targets):
     logits, targets = logits_and_targets
     sizes = [7, 32, 32, 3]
-    totals = sum(
-        batch_sums(output, target, cross_entropy(output, target), METRIC_FNS)
-        for output, target in zip(logits.split(sizes), targets.split(sizes), strict=True)
-    )
-    metrics = to_metrics(totals, METRIC_FNS, "val")
+    metrics = sums_over(zip(logits.split(sizes), targets.split(sizes), strict=True), METRIC_FNS)
 
     num_samples = len(targets)
     assert metrics["val/num_samples"] == num_samples
@@ -170,38 +174,19 @@ def test_batch_sums_give_whole_set_metrics_for_uneven_batches(logits_and_targets
     assert abs(sum(batch_losses) / len(sizes) - metrics["val/loss"]) > 0.01
 
 
-def test_evaluate_over_a_loader_with_a_short_last_batch(logits_and_targets):
+def test_metric_sums_over_a_loader_with_a_short_last_batch(logits_and_targets):
     logits, targets = logits_and_targets
-    # The "model" passes its input through, so the loader's images are the logits.
     loader = DataLoader(TensorDataset(logits, targets), batch_size=32)  # 32, 32, 10
-    metrics, per_class = evaluate(
-        nn.Identity(),
-        loader,
-        cross_entropy,
-        METRIC_FNS,
-        torch.device("cpu"),
-        prefix="test",
-        num_classes=10,
-    )
+    metrics = sums_over(loader, METRIC_FNS)
     num_samples = len(targets)
-    assert metrics["test/num_samples"] == num_samples
-    assert metrics["test/accuracy"] == accuracy(logits, targets).item() / num_samples
-    assert metrics["test/top_k_acc"] == top_k_acc(logits, targets).item() / num_samples
-    assert metrics["test/loss"] == pytest.approx(F.cross_entropy(logits, targets).item(), abs=1e-6)
-
-    assert per_class.shape == (2, 10)
-    assert per_class[1].sum().item() == num_samples
-    assert torch.equal(per_class[1], torch.bincount(targets, minlength=10))
-    correct = logits.argmax(dim=1) == targets
-    assert torch.equal(per_class[0], torch.bincount(targets[correct], minlength=10))
-    assert per_class[0].sum().item() == correct.sum().item()
+    assert metrics["val/num_samples"] == num_samples
+    assert metrics["val/accuracy"] == accuracy(logits, targets).item() / num_samples
+    assert metrics["val/loss"] == pytest.approx(F.cross_entropy(logits, targets).item(), abs=1e-6)
 
 
-def test_evaluate_without_num_classes_returns_no_per_class_counts(logits_and_targets):
-    logits, targets = logits_and_targets
-    loader = DataLoader(TensorDataset(logits, targets), batch_size=50)
-    metrics, per_class = evaluate(
-        nn.Identity(), loader, cross_entropy, {}, torch.device("cpu"), prefix="val"
-    )
-    assert per_class is None
-    assert set(metrics) == {"val/loss", "val/num_samples"}
+def test_metric_sums_without_metrics_and_with_an_explicit_batch_size():
+    sums = MetricSums({}, torch.device("cpu"))
+    # A step whose target is not a tensor of samples says how many samples it had.
+    sums.add(StepOutput(loss=torch.tensor(2.0), output=None, target=None, batch_size=4))
+    sums.add(StepOutput(loss=torch.tensor(1.0), output=None, target=None, batch_size=12))
+    assert sums.result("val") == {"val/loss": (2.0 * 4 + 1.0 * 12) / 16, "val/num_samples": 16}

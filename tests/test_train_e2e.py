@@ -61,7 +61,10 @@ def test_outputs_of_a_run(trained_run: dict) -> None:
     assert {"train/loss", "train/step_loss", "val/loss", "val/accuracy", "lr"} <= scalars
     assert {"time/epoch_seconds", "time/train_samples_per_second"} <= scalars
     assert events.Tags()["images"] == ["train/inputs"]
-    assert [event.step for event in events.Scalars("val/accuracy")] == [1, 2]
+    # One x-axis for every curve, the optimizer step (8 per epoch); the epoch is a curve too.
+    assert [event.step for event in events.Scalars("val/accuracy")] == [8, 16]
+    assert [(event.step, event.value) for event in events.Scalars("epoch")] == [(8, 1), (16, 2)]
+    assert {event.step for event in events.Scalars("train/step_loss")} <= set(range(1, 17))
 
 
 def test_resume_continues_in_the_same_folder(trained_run: dict, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The trainer and the evaluation loop shared with test.py."""
+"""The task's trainers: a config names one in trainer.type (default "Trainer")."""
 
-from trainer.trainer import Trainer, evaluate
+from trainer.distillation import DistillationTrainer
+from trainer.trainer import Trainer
 
-__all__ = ["Trainer", "evaluate"]
+__all__ = ["DistillationTrainer", "Trainer"]

@@ -14,18 +14,24 @@ def log_data_summary(data: BaseDataLoader, logger: logging.Logger, epoch: int) -
     """Log the training and validation data (sizes, class counts), the sampler and, for weighted
     sampling, the classes drawn in `epoch`; warn about a class missing from the validation data
     and about samples that are in both."""
-    names = data.class_names()
+    names = data.class_names()  # none for data without classes (e.g. denoising)
+
+    def counts(split: str, indices: np.ndarray) -> str:
+        return (
+            class_counts(data.labels(split)[indices], names) if names else f"{len(indices)} samples"
+        )
+
     train_indices, _ = data.split_indices()
-    logger.info("Training data: %s", class_counts(data.labels("train")[train_indices], names))
+    logger.info("Training data: %s", counts("train", train_indices))
     source = data.validation_source()
     if source is not None:
         split, indices = source
-        labels = data.labels(split)[indices]
         logger.info(
             "Validation data (%s; never augmented): %s",
             describe_validation(data),
-            class_counts(labels, names),
+            counts(split, indices),
         )
+        labels = data.labels(split)[indices] if names else np.array([])
         missing = [name for label, name in enumerate(names) if not np.any(labels == label)]
         if missing:
             logger.warning(

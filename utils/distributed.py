@@ -3,12 +3,15 @@
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from utils.util import UserError
+
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,21 @@ def once_per_node(function: Callable[[], None], info: ProcessInfo) -> None:
         errors = [message for message in gather_objects(error) if message]
         if errors:
             raise UserError(errors[0])
+
+
+def on_rank0(function: Callable[..., Result], *args: object) -> Result:
+    """function(*args) on rank 0 alone, its result on every rank: the others must not race its
+    writes. A UserError it raises is raised on every rank, so that none is left waiting."""
+    result, error = None, None
+    if not is_distributed() or dist.get_rank() == 0:
+        try:
+            result = function(*args)
+        except UserError as raised:
+            error = str(raised)
+    result, error = broadcast_object((result, error))
+    if error:
+        raise UserError(error)
+    return result
 
 
 def broadcast_object(value: object) -> object:

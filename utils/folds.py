@@ -8,11 +8,18 @@ finish, wherever it ran.
 """
 
 import json
+import logging
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
+from logger import setup_logging
 from utils.checkpoint import latest_checkpoint, load_checkpoint, write_text_atomic
+from utils.distributed import ProcessInfo, broadcast_object
+from utils.run_folder import default_run_id
 
 if TYPE_CHECKING:
     from parse_config import ConfigParser
@@ -100,3 +107,35 @@ def summary_lines(summary: dict) -> list[str]:
         folds = " ".join(f"{value:.4f}" for value in values["folds"])
         lines.append(f"  {key:<20} {values['mean']:.4f} +- {values['std']:.4f}  (folds: {folds})")
     return lines
+
+
+def cross_validate(
+    config: "ConfigParser",
+    info: ProcessInfo,
+    device: torch.device,
+    train: Callable[["ConfigParser", ProcessInfo, torch.device], None],
+) -> None:
+    """train() fold data_loader.args.fold, or every fold in turn, each in the run's fold-<i>/;
+    once every fold has finished, write folds_summary.json and log it (rank 0)."""
+    if not config.run_id_given:
+        # Every fold (and rank) writes into one run folder: name it before the first fold.
+        config.run_id = default_run_id(config.run_id, broadcast_object)
+    summary = None
+    for fold in range(config.num_folds) if config.fold is None else [config.fold]:
+        fold_config = config.for_fold(fold)
+        train(fold_config, info, device)
+        summary = finish_fold(fold_config) if info.is_main else None
+    if not info.is_main:
+        return
+    logger = logging.getLogger("train")
+    if summary is None:
+        logger.info(
+            "Fold %d finished; %s follows when every fold (0 to %d) has.",
+            fold, SUMMARY, config.num_folds - 1,
+        )  # fmt: skip
+        return
+    # The summary belongs to the whole run: its own log folder, above the folds'.
+    setup_logging(config.run_log_dir, verbosity=config["trainer"]["verbosity"], rank=info.rank)
+    for line in summary_lines(summary):
+        logger.info("%s", line)
+    logger.info("Saved %s", config.run_checkpoint_dir / SUMMARY)

@@ -3,6 +3,8 @@
 import logging
 import os
 import random
+import signal
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,6 +21,26 @@ class ConfigValueError(UserError, ValueError):
     reports it in one line naming the config key. Any other exception raised inside your
     constructor is a bug and keeps its traceback.
     """
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal; `path` is the checkpoint to resume from."""
+
+    def __init__(self, signum: int, path: Path) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}; resume with: -r {path}")
+        self.signum, self.path = signum, path
+
+
+class StopInEpoch(Exception):
+    """Raised inside an epoch when a stop was requested: where the epoch stands."""
+
+    def __init__(self, batches_done: int, totals: torch.Tensor) -> None:
+        super().__init__(f"stopped after {batches_done} batches")
+        self.batches_done, self.totals = batches_done, totals
+
+
+class TrainingError(Exception):
+    """Training cannot go on (e.g. a non-finite loss); reported in one line, exit code 1."""
 
 
 def describe_error(error: BaseException) -> str:

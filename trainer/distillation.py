@@ -1,0 +1,66 @@
+"""A custom step: knowledge distillation (Hinton et al., 2015) from a frozen teacher.
+
+The student (arch) learns from the labels and from the teacher's softened outputs:
+loss = alpha * T^2 * KL(teacher_T || student_T) + (1 - alpha) * criterion(student, labels),
+with both distributions softened by the temperature T. Only the training step changes; the
+engine, the validation step (the student alone) and everything else are Trainer's.
+
+    "trainer": {"type": "DistillationTrainer",
+                "args": {"teacher": "saved/models/.../model_best.pth", "temperature": 4.0,
+                         "alpha": 0.9}, ...}
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import model.model as arch_module
+from base import StepOutput
+from trainer.trainer import Trainer
+from utils import ConfigValueError, load_checkpoint
+from utils.checkpoint import load_model_state
+
+
+class DistillationTrainer(Trainer):
+    """Trainer whose training step also matches a teacher checkpoint's outputs."""
+
+    def __init__(
+        self, *args: Any, teacher: str, temperature: float = 4.0, alpha: float = 0.9, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if not temperature > 0 or not 0 <= alpha <= 1:
+            raise ConfigValueError(
+                f"temperature must be > 0 and alpha in [0, 1], got {temperature} and {alpha}"
+            )
+        self.temperature, self.alpha = temperature, alpha
+        self.teacher = load_teacher(Path(teacher), type(self.config)).to(self.device)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
+        images, labels = batch  # (B, C, H, W), (B,)
+        output = self.model(images)  # student logits (B, num_classes)
+        with torch.no_grad():
+            teacher_output = self.teacher(images)  # (B, num_classes)
+        temperature = self.temperature
+        # KL divergence between the softened distributions; T^2 keeps its gradients' scale
+        # independent of the temperature.
+        soft_loss = F.kl_div(
+            F.log_softmax(output / temperature, dim=1),
+            F.log_softmax(teacher_output / temperature, dim=1),
+            reduction="batchmean",
+            log_target=True,
+        ) * (temperature**2)
+        hard_loss = self.criterion(output, labels)
+        loss = self.alpha * soft_loss + (1 - self.alpha) * hard_loss
+        return StepOutput(loss=loss, output=output, target=labels)
+
+
+def load_teacher(path: Path, parser_class: type) -> torch.nn.Module:
+    """The model a checkpoint of this template holds, built from its own config, frozen and in
+    evaluation mode."""
+    state = load_checkpoint(path, map_location="cpu")
+    teacher = parser_class(state["config"], source=str(path)).init_obj("arch", arch_module)
+    load_model_state(teacher, state, path)
+    teacher.requires_grad_(False)
+    return teacher.eval()
