@@ -2,13 +2,19 @@
 
 Each section of the config is a dataclass (torchtitan's JobConfig is the model), each key one
 field made by `key(default, check, doc)`. load_config.py fills in defaults and checks values by
-walking these fields, so adding a trainer option is adding one field to TrainerConfig. At run
-time the config stays a plain dict (config["trainer"]["epochs"]); checks across several keys
-live in load_config.py.
+walking these fields; docs/config.md's tables are generated from them. So adding a trainer option
+is adding one field to TrainerConfig, then `python config_schema.py docs/config.md` to update the
+docs (tests/test_docs.py fails until you do). At run time the config stays a plain dict
+(config["trainer"]["epochs"]); checks across several keys live in load_config.py.
 """
 
 import copy
 import dataclasses
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 from config_checks import (
@@ -227,3 +233,62 @@ class Config:
     lr_scheduler: SchedulerSection | None = key(None, None, "a `torch.optim.lr_scheduler` class")
     trainer: TrainerConfig = key(REQUIRED, None, "the training loop")
     distributed: DistributedConfig = key({}, None, "used only under torchrun")
+
+
+# docs/config.md holds one table per entry, between <!-- schema: NAME --> and <!-- /schema -->.
+TABLES: dict[str, type] = {
+    "top-level": Config,
+    "section": Section,
+    "arch": ArchSection,
+    "optimizer": OptimizerSection,
+    "lr_scheduler": SchedulerSection,
+    "trainer": TrainerConfig,
+    "distributed": DistributedConfig,
+    "data_loader.args": DataLoaderArgs,
+    "optimizer.args": OptimizerArgs,
+}
+MARKED_TABLE = re.compile(r"(<!-- schema: (\S+) -->\n)(.*?)(<!-- /schema -->)", re.DOTALL)
+
+
+def markdown_table(schema: type) -> str:
+    """The keys `schema` declares itself as a table: key, default (as JSON), meaning."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    declared = inspect.get_annotations(schema)  # not the fields it inherits
+    for item in (item for item in dataclasses.fields(schema) if item.name in declared):
+        default = item.metadata["default"]
+        shown = default.label if isinstance(default, Marker) else f"`{json.dumps(default)}`"
+        meaning = item.metadata["doc"].replace("|", "\\|")
+        lines.append(f"| `{item.name}` | {shown} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def marked_tables(text: str) -> list[str]:
+    """The names of the tables marked in `text`, in order."""
+    return [match.group(2) for match in MARKED_TABLE.finditer(text)]
+
+
+def render_docs(text: str) -> str:
+    """`text` with every marked table replaced by the one the schema generates."""
+
+    def table(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in TABLES:
+            raise ValueError(f"<!-- schema: {name} -->: no such table (known: {', '.join(TABLES)})")
+        return match.group(1) + markdown_table(TABLES[name]) + match.group(4)
+
+    return MARKED_TABLE.sub(table, text)
+
+
+def main(path: Path) -> int:
+    """Regenerate the marked tables of `path` in place; 1 when a table has no marker there."""
+    text = path.read_text(encoding="utf-8")
+    path.write_text(render_docs(text), encoding="utf-8")
+    missing = [name for name in TABLES if name not in marked_tables(text)]
+    if missing:
+        print(f"{path}: no <!-- schema: NAME --> table for {', '.join(missing)}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    # python config_schema.py docs/config.md
+    sys.exit(main(Path(sys.argv[1])))
