@@ -204,6 +204,10 @@ class TrainerConfig:
     tf32: bool | None = key(
         None, optional(BOOL), "TF32 matmuls and convolutions on CUDA; `null`: torch's defaults"
     )
+    type: str = key(
+        "Trainer", STRING, "the trainer class: a name in the `trainer` package's `__all__`"
+    )
+    args: dict[str, Any] = key({}, None, "keyword arguments for that class's constructor")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -86,6 +86,7 @@ def test_a_table_renders_key_default_and_meaning():
     trainer = config_schema.markdown_table(config_schema.TrainerConfig)
     assert '| `save_dir` | `"saved/"` | ' in trainer
     assert "| `epochs` | required | " in trainer
+    assert "| `args` | `{}` | " in trainer
     assert "min\\|max" in trainer  # a | inside a cell would split it
     assert OPTIONAL.label == "not set"
 
