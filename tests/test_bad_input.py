@@ -217,6 +217,12 @@ CASES = [
     ),
     case(
         "train",
+        lambda env: ["-c", env.config(), "--set", "trainer.args=[1]"],
+        "{tmp}/case.json: trainer.args: must be an object {{...}}",
+        case_id="trainer-args-not-an-object",
+    ),
+    case(
+        "train",
         lambda env: ["-c", env.config(**{"trainer.tensorboard": "yes"})],
         '{tmp}/case.json: trainer.tensorboard: must be true or false, got "yes"',
         case_id="tensorboard-yes",

@@ -127,6 +127,18 @@ def test_defaults_fill_every_optional_key(demo_config):
     assert "interval" not in demo_config["lr_scheduler"]
 
 
+def test_trainer_class_defaults_to_trainer_without_args(demo_config):
+    parser = ConfigParser(demo_config, source="cfg.json")
+    assert (parser["trainer"]["type"], parser["trainer"]["args"]) == ("Trainer", {})
+
+
+def test_trainer_class_and_args_can_be_set(make_config):
+    path = make_config(**{"trainer.type": "MyTrainer", "trainer.args": {"width": 2}})
+    parser = ConfigParser.from_args(namespace(config=str(path), set=["trainer.args.depth=3"]))
+    assert parser["trainer"]["type"] == "MyTrainer"
+    assert parser["trainer"]["args"] == {"width": 2, "depth": 3}
+
+
 def test_lr_scheduler_defaults_to_none(demo_config):
     del demo_config["lr_scheduler"]
     assert ConfigParser(demo_config, source="cfg.json")["lr_scheduler"] is None
@@ -462,6 +474,12 @@ def test_shortcut_value_is_validated(make_config):
         ("trainer.monitor", "max", 'trainer.monitor: unknown metric ""'),
         ("trainer.monitor", "Off", 'trainer.monitor: must be "off" or "min|max <metric>"'),
         ("trainer.tf32", "on", 'trainer.tf32: must be true or false or null, got "on"'),
+        ("trainer.type", "", 'trainer.type: must be a non-empty string, got ""'),
+        ("trainer.type", 3, "trainer.type: must be a non-empty string, got 3"),
+        ("trainer.type", None, "trainer.type: must be a non-empty string, got null"),
+        ("trainer.args", [1], "trainer.args: must be an object {...}"),
+        ("trainer.args", "lr=1", "trainer.args: must be an object {...}"),
+        ("trainer.args", None, "trainer.args: must be an object {...}"),
         (
             "lr_scheduler",
             {"type": "ReduceLROnPlateau", "args": {}, "interval": "step"},

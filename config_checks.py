@@ -1,0 +1,94 @@
+"""What config values must look like: a check is a predicate and the phrase for what it accepts.
+
+config_schema.py gives each key one of these; a failed check reads
+"<file>: <key path>: must be <what>, got <value as JSON>".
+"""
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from base.base_data_loader import SAMPLERS
+
+Check = tuple[Callable[[Any], bool], str]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def optional(check: Check) -> Check:
+    """`check`, or null."""
+    predicate, what = check
+    return (lambda value: value is None or predicate(value), f"{what} or null")
+
+
+def choice(*choices: Any) -> Check:
+    """One of `choices`, spelled as JSON: '"stop" or "skip"'."""
+    spelled = [json.dumps(option) for option in choices]
+    return (lambda value: value in choices, f"{', '.join(spelled[:-1])} or {spelled[-1]}")
+
+
+POSITIVE_INT: Check = (lambda v: _is_int(v) and v > 0, "a positive integer")
+NON_NEGATIVE_INT: Check = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+POSITIVE_NUMBER: Check = (lambda v: _is_number(v) and v > 0, "a number > 0")
+NON_NEGATIVE_NUMBER: Check = (lambda v: _is_number(v) and v >= 0, "a number >= 0")
+BOOL: Check = (lambda v: isinstance(v, bool), "true or false")
+STRING: Check = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
+NAME: Check = (
+    lambda v: (
+        isinstance(v, str)
+        and re.fullmatch(r"[A-Za-z0-9._-]+", v) is not None
+        and v not in (".", "..")
+    ),
+    "a name of letters, digits, '.', '_' or '-' (it becomes a folder name)",
+)
+STRING_LIST: Check = (
+    lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v),
+    "a list of strings",
+)
+VERBOSITY: Check = (lambda v: v in (0, 1, 2) and not isinstance(v, bool), "0, 1 or 2")
+# A fraction of the training set in [0, 1), or a number of samples.
+VALIDATION_SPLIT: Check = (
+    lambda v: (_is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v < 1.0),
+    "a fraction in [0, 1) or a whole number of samples >= 0",
+)
+SAMPLER: Check = (
+    lambda v: isinstance(v, str) and v in SAMPLERS,
+    "one of " + ", ".join(json.dumps(name) for name in SAMPLERS),
+)
+CLASS_WEIGHTS: Check = (
+    lambda v: (
+        isinstance(v, list)
+        and all(_is_number(item) and item >= 0 for item in v)
+        and any(item > 0 for item in v)
+    ),
+    "a list of one number >= 0 per class, not all 0",
+)
+FOLDS: Check = (lambda v: _is_int(v) and v >= 2, "an integer >= 2")
+# Parameter-name prefixes, e.g. ["network.conv1", "network.layer1"].
+PREFIX_LIST: Check = (
+    lambda v: (
+        isinstance(v, list)
+        and all(isinstance(item, str) and item != "" for item in v)
+        and len(set(v)) == len(v)
+    ),
+    'a list of distinct parameter-name prefixes, e.g. ["network.layer1"]',
+)
+# Each group's own keys are checked in load_config.py.
+PARAM_GROUPS: Check = (
+    lambda v: isinstance(v, list),
+    'a list of {"params": ..., "lr": ...} objects',
+)
+INTERVAL: Check = (lambda v: v in ("epoch", "step"), "one of ('epoch', 'step')")
+BACKEND: Check = (lambda v: v in (None, "nccl", "gloo"), '"nccl", "gloo" or null (automatic)')
+NONFINITE: Check = choice("stop", "skip")
+AMP: Check = choice(None, "bf16", "fp16")
+COMPILE_MODE: Check = choice(
+    "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+)

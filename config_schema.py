@@ -1,0 +1,298 @@
+"""Every key of config.json, declared once: type, default, check and a one-line doc.
+
+Each section of the config is a dataclass (torchtitan's JobConfig is the model), each key one
+field made by `key(default, check, doc)`. load_config.py fills in defaults and checks values by
+walking these fields; docs/config.md's tables are generated from them. So adding a trainer option
+is adding one field to TrainerConfig, then `python config_schema.py docs/config.md` to update the
+docs (tests/test_docs.py fails until you do). At run time the config stays a plain dict
+(config["trainer"]["epochs"]); checks across several keys live in load_config.py.
+"""
+
+import copy
+import dataclasses
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+from config_checks import (
+    AMP,
+    BACKEND,
+    BOOL,
+    CLASS_WEIGHTS,
+    COMPILE_MODE,
+    FOLDS,
+    INTERVAL,
+    NAME,
+    NON_NEGATIVE_INT,
+    NON_NEGATIVE_NUMBER,
+    NONFINITE,
+    PARAM_GROUPS,
+    POSITIVE_INT,
+    POSITIVE_NUMBER,
+    PREFIX_LIST,
+    SAMPLER,
+    STRING,
+    STRING_LIST,
+    VALIDATION_SPLIT,
+    VERBOSITY,
+    Check,
+    optional,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    """A default that is not a value; `label` is how the docs show it."""
+
+    label: str
+
+
+REQUIRED = Marker("required")  # the key must be given
+OPTIONAL = Marker("not set")  # the key may be left out, and nothing is filled in for it
+
+
+def key(default: Any, check: Check | None, doc: str) -> Any:
+    """One config key. check None: an object, checked by its own dataclass or not at all (args)."""
+    metadata = {"default": default, "check": check, "doc": doc}
+    if default is REQUIRED:
+        return dataclasses.field(metadata=metadata)
+    if isinstance(default, dict | list):  # a fresh copy for each instance
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=None if default is OPTIONAL else default, metadata=metadata)
+
+
+# kw_only: a required key may follow keys with defaults. A field's order is its row in the docs.
+@dataclasses.dataclass(kw_only=True)
+class OptimizerArgs:
+    """optimizer.args, and each param_groups entry, checked up front when present."""
+
+    lr: float | None = key(OPTIONAL, POSITIVE_NUMBER, "learning rate (> 0)")
+    weight_decay: float | None = key(OPTIONAL, NON_NEGATIVE_NUMBER, "weight decay (>= 0)")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataLoaderArgs:
+    """data_loader.args of every loader, checked when present; the defaults are BaseDataLoader's."""
+
+    batch_size: int = key(REQUIRED, POSITIVE_INT, "samples per batch (per process)")
+    shuffle: bool = key(True, BOOL, '`false` is the older spelling of `"sampler": "sequential"`')
+    sampler: str = key("random", SAMPLER, "how each epoch draws the training data")
+    replacement: bool = key(False, BOOL, '`"random"` only: draw with replacement')
+    num_samples: int | None = key(
+        None, optional(POSITIVE_INT), '`"random"`, `"weighted"`: draws per pass; `null`: all'
+    )
+    class_weights: list[float] | None = key(
+        None, optional(CLASS_WEIGHTS), '`"weighted"` only: one weight per class; `null`: balanced'
+    )
+    validation_split: float | int = key(
+        0.0, VALIDATION_SPLIT, "a fraction or number of training samples to validate on"
+    )
+    folds: int | None = key(None, optional(FOLDS), "k-fold cross-validation with this many folds")
+    fold: int | None = key(
+        None, optional(NON_NEGATIVE_INT), "the fold (0 to `folds` - 1) this run trains"
+    )
+    num_workers: int = key(0, NON_NEGATIVE_INT, "DataLoader worker processes")
+    pin_memory: bool = key(False, BOOL, "page-locked host memory for faster copies to the GPU")
+    persistent_workers: bool = key(False, BOOL, "keep worker processes between epochs")
+    prefetch_factor: int | None = key(
+        None, optional(POSITIVE_INT), "batches each worker loads ahead; `null`: PyTorch's 2"
+    )
+
+
+@dataclasses.dataclass(kw_only=True)
+class Section:
+    """A {"type": NAME, "args": {...}} section: NAME(**args), NAME looked up in one module."""
+
+    known_args: ClassVar[type | None] = None  # the dataclass of the args checked up front
+
+    type: str = key(REQUIRED, STRING, "what to build: a name in the section's module")
+    args: dict[str, Any] = key({}, None, "the keyword arguments it is called with")
+
+
+@dataclasses.dataclass(kw_only=True)
+class ArchSection(Section):
+    """arch: the model."""
+
+    freeze: list[str] | None = key(
+        OPTIONAL, PREFIX_LIST, "parameter-name prefixes of the parameters not to train"
+    )
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataLoaderSection(Section):
+    """data_loader: the data."""
+
+    known_args = DataLoaderArgs
+
+
+@dataclasses.dataclass(kw_only=True)
+class OptimizerSection(Section):
+    """optimizer: any optimizer in torch.optim."""
+
+    known_args = OptimizerArgs
+
+    param_groups: list[dict[str, Any]] | None = key(
+        OPTIONAL, PARAM_GROUPS, "parts of the model with their own optimizer options"
+    )
+
+
+@dataclasses.dataclass(kw_only=True)
+class SchedulerSection(Section):
+    """lr_scheduler: any scheduler in torch.optim.lr_scheduler."""
+
+    interval: str = key("epoch", INTERVAL, "step the scheduler after each epoch or each step")
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrainerConfig:
+    """trainer: the training loop."""
+
+    epochs: int = key(REQUIRED, POSITIVE_INT, "number of epochs (> 0)")
+    save_dir: str = key("saved/", STRING, "root of all outputs (relative to the working directory)")
+    save_period: int = key(
+        1, POSITIVE_INT, "save `checkpoint-epoch<N>.pth` every N epochs, and the last"
+    )
+    verbosity: int = key(1, VERBOSITY, "`0`: warnings only, no progress bar; `1`: info; `2`: debug")
+    monitor: str = key(
+        "off",
+        STRING,
+        '`"min|max <split>/<metric>"` or `"off"`: best model and early stopping',
+    )
+    early_stop: int | None = key(
+        0, optional(NON_NEGATIVE_INT), "stop after N epochs without improvement; `0`/`null`: never"
+    )
+    tensorboard: bool = key(True, BOOL, "write TensorBoard event files")
+    len_epoch: int | None = key(
+        None, optional(POSITIVE_INT), "batches per epoch; `null`: one pass over the data"
+    )
+    log_step: int = key(
+        10, POSITIVE_INT, "batches between reads of the running loss: the loop's only host sync"
+    )
+    keep_last: int | None = key(
+        None,
+        optional(POSITIVE_INT),
+        "keep the newest N checkpoints (and the best); `null`: all",
+    )
+    deterministic: bool = key(False, BOOL, "fail on kernels without a deterministic implementation")
+    nonfinite: str = key(
+        "stop", NONFINITE, 'a NaN/inf loss: `"stop"` with an error or `"skip"` its batch'
+    )
+    max_skipped_steps: int = key(
+        10, NON_NEGATIVE_INT, 'with `"skip"`: stop after more than this many skipped batches'
+    )
+    auto_resume: bool = key(
+        False, BOOL, "continue from the newest checkpoint of an existing run folder"
+    )
+    amp: str | None = key(
+        None, AMP, '`"bf16"` or `"fp16"` autocast (fp16 adds a GradScaler); `null`: off'
+    )
+    channels_last: bool = key(False, BOOL, "NHWC memory format for the model and inputs")
+    compile: bool = key(False, BOOL, "`torch.compile` the model; checkpoints hold the plain model")
+    compile_mode: str = key("default", COMPILE_MODE, "the `mode` of `torch.compile`")
+    grad_accum_steps: int = key(
+        1, POSITIVE_INT, "accumulate gradients over this many batches per optimizer step"
+    )
+    grad_clip: float | None = key(
+        None, optional(POSITIVE_NUMBER), "clip the global gradient norm to this; `null`: off"
+    )
+    cudnn_benchmark: bool = key(
+        False, BOOL, "`torch.backends.cudnn.benchmark` (CUDA; not with `deterministic`)"
+    )
+    tf32: bool | None = key(
+        None, optional(BOOL), "TF32 matmuls and convolutions on CUDA; `null`: torch's defaults"
+    )
+    type: str = key(
+        "Trainer", STRING, "the trainer class: a name in the `trainer` package's `__all__`"
+    )
+    args: dict[str, Any] = key({}, None, "keyword arguments for that class's constructor")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DistributedConfig:
+    """distributed: used only under torchrun."""
+
+    backend: str | None = key(None, BACKEND, '`"nccl"` or `"gloo"`; `null`: by device')
+    sync_bn: bool = key(False, BOOL, "convert BatchNorm layers to SyncBatchNorm")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Config:
+    """The whole config.json."""
+
+    name: str = key(REQUIRED, NAME, "experiment name: its folder in `saved/models/`, `saved/log/`")
+    n_gpu: int = key(
+        1, NON_NEGATIVE_INT, "`0`: CPU; `>= 1`: `cuda:0` if CUDA is available (one GPU a process)"
+    )
+    seed: int = key(0, NON_NEGATIVE_INT, "seeds the model, the split and each epoch's draws")
+    arch: ArchSection = key(REQUIRED, None, "the model, from `model/model.py`")
+    data_loader: DataLoaderSection = key(
+        REQUIRED, None, "the data, from `data_loader/data_loaders.py`"
+    )
+    optimizer: OptimizerSection = key(REQUIRED, None, "any optimizer in `torch.optim`")
+    loss: str = key(REQUIRED, STRING, "a function name from `model/loss.py`")
+    metrics: list[str] = key([], STRING_LIST, "function names from `model/metric.py`")
+    lr_scheduler: SchedulerSection | None = key(None, None, "a `torch.optim.lr_scheduler` class")
+    trainer: TrainerConfig = key(REQUIRED, None, "the training loop")
+    distributed: DistributedConfig = key({}, None, "used only under torchrun")
+
+
+# docs/config.md holds one table per entry, between <!-- schema: NAME --> and <!-- /schema -->.
+TABLES: dict[str, type] = {
+    "top-level": Config,
+    "section": Section,
+    "arch": ArchSection,
+    "optimizer": OptimizerSection,
+    "lr_scheduler": SchedulerSection,
+    "trainer": TrainerConfig,
+    "distributed": DistributedConfig,
+    "data_loader.args": DataLoaderArgs,
+    "optimizer.args": OptimizerArgs,
+}
+MARKED_TABLE = re.compile(r"(<!-- schema: (\S+) -->\n)(.*?)(<!-- /schema -->)", re.DOTALL)
+
+
+def markdown_table(schema: type) -> str:
+    """The keys `schema` declares itself as a table: key, default (as JSON), meaning."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    declared = inspect.get_annotations(schema)  # not the fields it inherits
+    for item in (item for item in dataclasses.fields(schema) if item.name in declared):
+        default = item.metadata["default"]
+        shown = default.label if isinstance(default, Marker) else f"`{json.dumps(default)}`"
+        meaning = item.metadata["doc"].replace("|", "\\|")
+        lines.append(f"| `{item.name}` | {shown} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def marked_tables(text: str) -> list[str]:
+    """The names of the tables marked in `text`, in order."""
+    return [match.group(2) for match in MARKED_TABLE.finditer(text)]
+
+
+def render_docs(text: str) -> str:
+    """`text` with every marked table replaced by the one the schema generates."""
+
+    def table(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in TABLES:
+            raise ValueError(f"<!-- schema: {name} -->: no such table (known: {', '.join(TABLES)})")
+        return match.group(1) + markdown_table(TABLES[name]) + match.group(4)
+
+    return MARKED_TABLE.sub(table, text)
+
+
+def main(path: Path) -> int:
+    """Regenerate the marked tables of `path` in place; 1 when a table has no marker there."""
+    text = path.read_text(encoding="utf-8")
+    path.write_text(render_docs(text), encoding="utf-8")
+    missing = [name for name in TABLES if name not in marked_tables(text)]
+    if missing:
+        print(f"{path}: no <!-- schema: NAME --> table for {', '.join(missing)}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    # python config_schema.py docs/config.md
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,281 @@
+"""Read a config file, apply overrides, fill in defaults and check it against config_schema.
+
+Parsing is pure: nothing here creates folders, configures logging or seeds RNGs.
+Every user mistake raises ConfigError with the file and the key path in its message.
+"""
+
+import copy
+import dataclasses
+import json
+import re
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from config_checks import PREFIX_LIST, Check
+from config_schema import (
+    REQUIRED,
+    Config,
+    DataLoaderSection,
+    Marker,
+    OptimizerArgs,
+    OptimizerSection,
+    SchedulerSection,
+    Section,
+    TrainerConfig,
+)
+from utils import UserError
+
+
+class ConfigError(UserError):
+    """A config file, override or value that cannot be used."""
+
+
+# data_loader.args that only one kind of sampler reads: setting them for another is a mistake.
+SAMPLER_ARGS = {
+    "replacement": ("random",),
+    "num_samples": ("random", "weighted"),
+    "class_weights": ("weighted",),
+}
+# Learning-rate schedulers that step on a metric, once per validated epoch.
+METRIC_SCHEDULERS = ("ReduceLROnPlateau",)
+# victoresque/pytorch-template spells monitored metrics "val_loss"; accept it as "val/loss".
+MONITOR_PATTERN = re.compile(r"(train|val)[/_](\w+)")
+
+
+def load_json(path: Path) -> dict:
+    """Read a JSON object from `path`; syntax errors give line and column."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object {{...}}")
+    return config
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split 'KEY.PATH=VALUE' into keys and a value (JSON if it parses, else the raw string)."""
+    key_path, separator, raw_value = text.partition("=")
+    keys = key_path.split(".")
+    if not separator or any(key == "" for key in keys):
+        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. trainer.epochs=5")
+    try:
+        value = json.loads(raw_value)
+    except json.JSONDecodeError:
+        value = raw_value
+    return keys, value
+
+
+def apply_override(config: dict, keys: list[str], value: Any, source: str) -> None:
+    """Set config[k1][k2]... = value. The path must exist, except a new key inside an `args` dict."""
+    node = config
+    for depth, key in enumerate(keys):
+        where = ".".join(keys[: depth + 1])
+        is_last = depth == len(keys) - 1
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise ConfigError(f"{source}: {where}: no list index {key} (length {len(node)})")
+            index = int(key)
+            if is_last:
+                node[index] = value
+            node = node[index]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{source}: {where}: {'.'.join(keys[:depth])} is not a section")
+        # A new key inside `args` becomes a new keyword argument; anywhere else it is a typo.
+        new_argument = is_last and depth > 0 and keys[depth - 1] == "args"
+        if key not in node and not new_argument:
+            known = ", ".join(sorted(node)) or "nothing"
+            raise ConfigError(f"{source}: {where}: unknown key (known here: {known})")
+        if is_last:
+            node[key] = value
+        else:
+            node = node[key]
+
+
+def _nested_schema(item: dataclasses.Field) -> type | None:
+    """The dataclass describing the field's value, when it is a section of its own."""
+    for candidate in (item.type, *typing.get_args(item.type)):
+        if dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
+
+
+def with_defaults(config: dict) -> dict:
+    """A copy with every missing optional key filled in (no checking)."""
+    config = copy.deepcopy(config)
+    _fill_defaults(config, Config)
+    return config
+
+
+def _fill_defaults(values: dict, schema: type) -> None:
+    for item in dataclasses.fields(schema):
+        # REQUIRED and OPTIONAL keys stay absent; known_args are the constructor's to fill in.
+        if item.name not in values and not isinstance(item.metadata["default"], Marker):
+            values[item.name] = copy.deepcopy(item.metadata["default"])
+        nested = _nested_schema(item)
+        if nested is not None and isinstance(values.get(item.name), dict):
+            _fill_defaults(values[item.name], nested)
+
+
+def _check_value(value: Any, check: Check, where: str, source: str) -> None:
+    predicate, what = check
+    if not predicate(value):
+        raise ConfigError(f"{source}: {where}: must be {what}, got {json.dumps(value)}")
+
+
+def validate(config: dict, source: str) -> dict:
+    """Check every key of a config; return a copy with defaults filled in."""
+    config = with_defaults(config)
+    _check_section(config, Config, "", source)
+    parse_monitor(config["trainer"]["monitor"], config["metrics"], source)
+    return config
+
+
+def _check_section(values: Any, schema: type, where: str, source: str) -> None:
+    """`values` against one schema dataclass: no unknown key, every required one, each checked."""
+    prefix = f"{where}." if where else ""
+    builds = issubclass(schema, Section)  # a {"type", "args"} section
+    if not isinstance(values, dict):
+        shape = '{"type": ..., "args": {...}}' if builds else "an object {...}"
+        raise ConfigError(f"{source}: {where}: must be {shape}")
+    names = [item.name for item in dataclasses.fields(schema)]
+    for key in values:
+        if key not in names:
+            known = f"allowed: {sorted(names)}" if builds else f"known: {', '.join(names)}"
+            raise ConfigError(f"{source}: {prefix}{key}: unknown key ({known})")
+    for item in dataclasses.fields(schema):
+        if item.name in values:
+            _check_field(values[item.name], item, prefix + item.name, source)
+        elif item.metadata["default"] is REQUIRED:
+            raise ConfigError(f"{source}: {prefix}{item.name}: missing required key")
+        # The args a section knows are checked once args is known to be an object.
+        if builds and item.name == "args" and schema.known_args is not None:
+            _check_known_args(values["args"], schema.known_args, f"{prefix}args", source)
+    if schema in CROSS_CHECKS:
+        CROSS_CHECKS[schema](values, source)
+
+
+def _check_field(value: Any, item: dataclasses.Field, where: str, source: str) -> None:
+    nested = _nested_schema(item)
+    if nested is not None:
+        # A section that defaults to null (lr_scheduler) may be null: there is none.
+        if not (value is None and item.metadata["default"] is None):
+            _check_section(value, nested, where, source)
+    elif item.metadata["check"] is not None:
+        _check_value(value, item.metadata["check"], where, source)
+    elif not isinstance(value, dict):  # keyword arguments (args)
+        raise ConfigError(f"{source}: {where}: must be an object {{...}}")
+
+
+def _check_known_args(args: dict, schema: type, where: str, source: str) -> None:
+    """The keys of `args` that `schema` declares; any others are the constructor's to check."""
+    checks = {item.name: item.metadata["check"] for item in dataclasses.fields(schema)}
+    for key, value in args.items():
+        if key in checks:
+            _check_value(value, checks[key], f"{where}.{key}", source)
+
+
+def _check_trainer(trainer: dict, source: str) -> None:
+    if trainer["deterministic"] and trainer["cudnn_benchmark"]:
+        raise ConfigError(
+            f"{source}: trainer.cudnn_benchmark: must be false when trainer.deterministic is true "
+            "(benchmarking picks kernels by timing)"
+        )
+
+
+def _check_scheduler(section: dict, source: str) -> None:
+    if section["type"] in METRIC_SCHEDULERS and section["interval"] == "step":
+        raise ConfigError(
+            f'{source}: lr_scheduler.interval: must be "epoch" for {section["type"]}, '
+            'which steps on the monitored metric once per epoch; got "step"'
+        )
+
+
+def _check_param_groups(section: dict, source: str) -> None:
+    """optimizer.param_groups: [{"params": PREFIX or [PREFIX, ...], <optimizer option>: ...}]."""
+    for index, group in enumerate(section.get("param_groups") or []):
+        where = f"optimizer.param_groups[{index}]"
+        if not isinstance(group, dict) or "params" not in group:
+            raise ConfigError(
+                f'{source}: {where}: must be an object with "params" (parameter-name prefixes) '
+                f"and the group's optimizer options, got {json.dumps(group)}"
+            )
+        params = group["params"]
+        _check_value(
+            [params] if isinstance(params, str) else params, PREFIX_LIST, f"{where}.params", source
+        )
+        if not params:
+            raise ConfigError(f"{source}: {where}.params: must name at least one prefix")
+        _check_known_args(group, OptimizerArgs, where, source)
+
+
+def _check_data_loader(section: dict, source: str) -> None:
+    """data_loader.args that contradict each other: sampler options, shuffle, folds and fold."""
+    args = section["args"]
+    sampler = args.get("sampler", "random")
+    if args.get("shuffle") is False:
+        if sampler != "sequential" and "sampler" in args:
+            raise ConfigError(
+                f'{source}: data_loader.args.shuffle: false contradicts sampler "{sampler}"; '
+                "remove shuffle"
+            )
+        sampler = "sequential"  # shuffle false is the older spelling
+    for key, samplers in SAMPLER_ARGS.items():
+        if args.get(key) is not None and sampler not in samplers:
+            raise ConfigError(
+                f"{source}: data_loader.args.{key}: only used by sampler "
+                f"{' or '.join(json.dumps(name) for name in samplers)}, not {json.dumps(sampler)}; "
+                "remove it"
+            )
+    folds, fold = args.get("folds"), args.get("fold")
+    if fold is not None and folds is None:
+        raise ConfigError(
+            f"{source}: data_loader.args.fold: needs data_loader.args.folds, the number of folds"
+        )
+    if fold is not None and fold >= folds:
+        raise ConfigError(
+            f"{source}: data_loader.args.fold: must be a fold index from 0 to {folds - 1} "
+            f"(folds is {folds}), got {fold}"
+        )
+
+
+# Checks across the keys of one section, run once each key has passed its own check.
+CROSS_CHECKS: dict[type, Callable[[dict, str], None]] = {
+    DataLoaderSection: _check_data_loader,
+    OptimizerSection: _check_param_groups,
+    SchedulerSection: _check_scheduler,
+    TrainerConfig: _check_trainer,
+}
+
+
+def parse_monitor(monitor: str, metric_names: list[str], source: str) -> tuple[str, str]:
+    """'max val/accuracy' -> ('max', 'val/accuracy'); 'off' -> ('off', '')."""
+    if monitor == "off":
+        return "off", ""
+    mode, _, name = monitor.partition(" ")
+    if mode not in ("min", "max"):
+        raise ConfigError(
+            f'{source}: trainer.monitor: must be "off" or "min|max <metric>", got "{monitor}"'
+        )
+    match = MONITOR_PATTERN.fullmatch(name.strip())
+    known = [
+        f"{split}/{metric}" for split in ("val", "train") for metric in ["loss", *metric_names]
+    ]
+    key = f"{match.group(1)}/{match.group(2)}" if match else name.strip()
+    if key not in known:
+        raise ConfigError(
+            f'{source}: trainer.monitor: unknown metric "{name.strip()}" '
+            f"(choose from {', '.join(known)})"
+        )
+    return mode, key
