@@ -1,11 +1,11 @@
 """Every key of config.json, declared once: type, default, check and a one-line doc.
 
 Each section of the config is a dataclass (torchtitan's JobConfig is the model), each key one
-field made by `key(default, check, doc)`. load_config.py fills in defaults and checks values by
+field made by `key(default, check, doc)`. utils/load_config.py fills in defaults and checks values by
 walking these fields; docs/config.md's tables are generated from them. So adding a trainer option
 is adding one field to TrainerConfig, then `python config_schema.py docs/config.md` to update the
 docs (tests/test_docs.py fails until you do). At run time the config stays a plain dict
-(config["trainer"]["epochs"]); checks across several keys live in load_config.py.
+(config["trainer"]["epochs"]); checks across several keys live in utils/load_config.py.
 """
 
 import copy
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
-from config_checks import (
+from utils.config_checks import (
     AMP,
     BACKEND,
     BOOL,

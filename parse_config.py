@@ -2,7 +2,7 @@
 
 Parsing is pure: nothing here creates folders, configures logging or seeds RNGs.
 Every user mistake raises ConfigError with the file and the key path in its message.
-The keys are declared in config_schema.py; load_config.py reads, overrides and checks them.
+The keys are declared in config_schema.py; utils/load_config.py reads, overrides and checks them.
 """
 
 import argparse
@@ -16,8 +16,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from config_checks import NAME
-from load_config import (
+from utils import ConfigValueError
+from utils.checkpoint import latest_checkpoint
+from utils.config_checks import NAME
+from utils.load_config import (
     ConfigError,
     apply_override,
     load_json,
@@ -26,8 +28,6 @@ from load_config import (
     validate,
     with_defaults,
 )
-from utils import ConfigValueError
-from utils.checkpoint import latest_checkpoint
 from utils.run_folder import is_restartable
 
 # What `from parse_config import ...` offers: the parser and, for callers, the steps it takes.

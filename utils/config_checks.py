@@ -80,7 +80,7 @@ PREFIX_LIST: Check = (
     ),
     'a list of distinct parameter-name prefixes, e.g. ["network.layer1"]',
 )
-# Each group's own keys are checked in load_config.py.
+# Each group's own keys are checked in utils/load_config.py.
 PARAM_GROUPS: Check = (
     lambda v: isinstance(v, list),
     'a list of {"params": ..., "lr": ...} objects',

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from config_checks import PREFIX_LIST, Check
 from config_schema import (
     REQUIRED,
     Config,
@@ -26,6 +25,7 @@ from config_schema import (
     TrainerConfig,
 )
 from utils import UserError
+from utils.config_checks import PREFIX_LIST, Check
 
 
 class ConfigError(UserError):
