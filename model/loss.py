@@ -1,9 +1,9 @@
-"""Loss functions a config can name in "loss": (logits (B, C), targets (B,)) -> mean loss."""
+"""Loss functions a config can name in "loss": (output, target) -> the batch's mean loss."""
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["cross_entropy", "nll_loss"]
+__all__ = ["cross_entropy", "mse_loss", "nll_loss"]
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -14,3 +14,8 @@ def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def nll_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Negative log-likelihood; the model must output log-probabilities."""
     return F.nll_loss(output, target)
+
+
+def mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error, e.g. between a denoised and a clean image, both (B, C, H, W)."""
+    return F.mse_loss(output, target)

@@ -8,7 +8,7 @@ last batch does not count as much as a full one) and nothing syncs with the host
 
 import torch
 
-__all__ = ["accuracy", "top_5_acc", "top_k_acc"]
+__all__ = ["accuracy", "psnr", "top_5_acc", "top_k_acc"]
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -25,3 +25,10 @@ def top_k_acc(output: torch.Tensor, target: torch.Tensor, k: int = 3) -> torch.T
 def top_5_acc(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Number of samples whose target is among the 5 highest scores (the ImageNet convention)."""
     return top_k_acc(output, target, k=5)
+
+
+def psnr(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch of each image's peak signal-to-noise ratio in dB, for images in [0, 1]:
+    10 log10(1 / mean squared error). output and target (B, C, H, W)."""
+    squared_error = (output.float() - target.float()).square().flatten(1).mean(dim=1)  # (B,)
+    return (-10 * torch.log10(squared_error.clamp_min(1e-10))).sum()

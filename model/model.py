@@ -9,7 +9,7 @@ from torch import nn
 from base import BaseModel
 from utils import ConfigValueError, UserError, describe_error
 
-__all__ = ["CifarCNN", "TorchvisionModel"]
+__all__ = ["CifarCNN", "DenoisingCNN", "TorchvisionModel"]
 
 
 class CifarCNN(BaseModel):
@@ -64,6 +64,32 @@ class CifarCNN(BaseModel):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.features(images)  # (B, C, H / 2^blocks, W / 2^blocks)
         return self.head(self.dropout(torch.flatten(features, 1)))  # (B, num_classes) logits
+
+
+class DenoisingCNN(BaseModel):
+    """Noisy image in, clean image out (configs/denoise.json): a stack of 3x3 convolutions at
+    full resolution predicts the noise, which is subtracted from the input (DnCNN's residual
+    learning: the network learns the small correction, not the whole image)."""
+
+    def __init__(self, *, channels: int = 3, width: int = 32, depth: int = 4) -> None:
+        super().__init__()
+        if not (_positive_int(channels) and _positive_int(width) and _positive_int(depth)):
+            raise ConfigValueError(
+                f"channels, width and depth must be positive integers, got {channels}, {width}, "
+                f"{depth}"
+            )
+        layers: list[nn.Module] = [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(inplace=True)]
+        for _ in range(depth):
+            layers += [
+                nn.Conv2d(width, width, 3, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+            ]
+        layers.append(nn.Conv2d(width, channels, 3, padding=1))
+        self.noise = nn.Sequential(*layers)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return images - self.noise(images)  # (B, C, H, W), the input's size
 
 
 class TorchvisionModel(BaseModel):

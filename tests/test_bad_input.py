@@ -269,7 +269,7 @@ CASES = [
         "train",
         lambda env: ["-c", env.config(**{"arch.type": "ResNet9"})],
         "{tmp}/case.json: arch.type: unknown name 'ResNet9' in model.model "
-        "(available: CifarCNN, TorchvisionModel)",
+        "(available: CifarCNN, DenoisingCNN, TorchvisionModel)",
         case_id="unknown-arch",
     ),
     case(
@@ -282,14 +282,14 @@ CASES = [
         "train",
         lambda env: ["-c", env.config(**{"loss": "hinge"})],
         "{tmp}/case.json: loss: unknown name 'hinge' in model.loss "
-        "(available: cross_entropy, nll_loss)",
+        "(available: cross_entropy, mse_loss, nll_loss)",
         case_id="unknown-loss",
     ),
     case(
         "train",
         lambda env: ["-c", env.config(**{"metrics": ["accuracy", "f1"]})],
         "{tmp}/case.json: metrics[1]: unknown name 'f1' in model.metric "
-        "(available: accuracy, top_5_acc, top_k_acc)",
+        "(available: accuracy, psnr, top_5_acc, top_k_acc)",
         case_id="unknown-metric",
     ),
     case(
@@ -297,7 +297,7 @@ CASES = [
         lambda env: ["-c", env.config(**{"data_loader.type": "MnistDataLoader"})],
         "{tmp}/case.json: data_loader.type: unknown name 'MnistDataLoader' in "
         "data_loader.data_loaders (available: Cifar10DataLoader, ImageFolderDataLoader, "
-        "SyntheticDataLoader)",
+        "NoisyShapesDataLoader, SyntheticDataLoader)",
         case_id="unknown-data-loader",
     ),
     case(

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import model.model as arch_module
 from base import StepOutput
+from parse_config import ConfigParser
 from trainer.trainer import Trainer
 from utils import ConfigValueError, load_checkpoint
 from utils.checkpoint import load_model_state
@@ -35,7 +36,7 @@ class DistillationTrainer(Trainer):
                 f"temperature must be > 0 and alpha in [0, 1], got {temperature} and {alpha}"
             )
         self.temperature, self.alpha = temperature, alpha
-        self.teacher = load_teacher(Path(teacher), type(self.config)).to(self.device)
+        self.teacher = load_teacher(Path(teacher)).to(self.device)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
         images, labels = batch  # (B, C, H, W), (B,)
@@ -56,11 +57,16 @@ class DistillationTrainer(Trainer):
         return StepOutput(loss=loss, output=output, target=labels)
 
 
-def load_teacher(path: Path, parser_class: type) -> torch.nn.Module:
+def load_teacher(path: Path) -> torch.nn.Module:
     """The model a checkpoint of this template holds, built from its own config, frozen and in
     evaluation mode."""
+    if not path.is_file():
+        raise ConfigValueError(
+            f"teacher: {path} not found; train a teacher first, e.g. python train.py "
+            "-c configs/demo.json --run-id teacher"
+        )
     state = load_checkpoint(path, map_location="cpu")
-    teacher = parser_class(state["config"], source=str(path)).init_obj("arch", arch_module)
+    teacher = ConfigParser(state["config"], source=str(path)).init_obj("arch", arch_module)
     load_model_state(teacher, state, path)
     teacher.requires_grad_(False)
     return teacher.eval()

@@ -1,0 +1,121 @@
+"""The engine takes any sampler and any dataset: a plain torch DistributedSampler and an
+IterableDataset (no length) train, and a run stopped inside an epoch resumes bit-exact."""
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, shrink
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset
+
+import data_loader.data_loaders as data_module
+import train
+import trainer as trainer_module
+from data_loader.data_loaders import SyntheticDataLoader
+from trainer import Trainer
+
+
+class PlainSamplerData(SyntheticDataLoader):
+    """The demo data through torch's own DistributedSampler, as many codebases have it."""
+
+    def train_loader(self, *, drop_last: bool = False) -> DataLoader:
+        train_indices, _ = self.split_indices()
+        dataset = Subset(self.view("train", augment=True), train_indices.tolist())
+        sampler = DistributedSampler(
+            dataset, num_replicas=self.num_replicas, rank=self.rank, shuffle=True, seed=self.seed
+        )
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler)
+
+
+class Stream(IterableDataset):
+    """(image, label) pairs of a dataset in an order drawn from torch's global RNG, which the
+    engine seeds by (seed, epoch): a stream with no length."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self):
+        for index in torch.randperm(len(self.dataset)).tolist():
+            yield self.dataset[index]
+
+
+class StreamData(SyntheticDataLoader):
+    def train_loader(self, *, drop_last: bool = False) -> DataLoader:
+        return DataLoader(Stream(self.view("train", augment=True)), batch_size=self.batch_size)
+
+
+class StopAt(Trainer):
+    """Asks to stop (as SIGTERM would) once the optimizer step stop_at_step has been taken."""
+
+    def __init__(self, *args, stop_at_step: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_at_step = stop_at_step
+
+    def training_step(self, batch):
+        if self.global_step + 1 == self.stop_at_step:
+            self.stop.signum = signal.SIGTERM
+        return super().training_step(batch)
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """The classes above, as a config can name them."""
+    for module, names in (
+        (data_module, ["PlainSamplerData", "StreamData"]),
+        (trainer_module, ["StopAt"]),
+    ):
+        for name in names:
+            monkeypatch.setattr(module, name, globals()[name], raising=False)
+        monkeypatch.setattr(module, "__all__", [*module.__all__, *names])
+
+
+def write_config(tmp_path: Path, loader: str, **trainer_options) -> Path:
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["data_loader"]["type"] = loader
+    config["arch"]["args"]["dropout"] = 0.2
+    config["trainer"].update(
+        deterministic=True, tensorboard=False, type="StopAt", **trainer_options
+    )
+    path = tmp_path / f"{loader}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def final_state(tmp_path: Path, run_id: str) -> dict:
+    path = tmp_path / "saved" / "models" / "Demo_CifarCNN" / run_id / "checkpoint-epoch2.pth"
+    return torch.load(path, weights_only=True)
+
+
+def assert_stopped_run_resumes_exactly(tmp_path: Path, config: Path, stop_at: int) -> None:
+    assert train.main(["-c", str(config), "--run-id", "straight"]) == 0
+    stopped = [
+        "-c",
+        str(config),
+        "--run-id",
+        "stopped",
+        "--set",
+        f"trainer.args.stop_at_step={stop_at}",
+    ]
+    assert train.main(stopped) == 128 + signal.SIGTERM
+    run_dir = tmp_path / "saved" / "models" / "Demo_CifarCNN" / "stopped"
+    (saved,) = run_dir.glob("checkpoint-epoch2-batch*.pth")
+    assert train.main(["-r", str(saved), "--set", "trainer.args.stop_at_step=0"]) == 0
+    straight, resumed = final_state(tmp_path, "straight"), final_state(tmp_path, "stopped")
+    for key, value in straight["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+    assert resumed["metrics"]["train/loss"] == straight["metrics"]["train/loss"]
+
+
+def test_a_plain_distributed_sampler_trains_and_resumes_exactly(registered, tmp_path):
+    config = write_config(tmp_path, "PlainSamplerData")
+    # 256 training samples in batches of 32: 8 steps per epoch; stop inside epoch 2.
+    assert_stopped_run_resumes_exactly(tmp_path, config, stop_at=8 + 3)
+
+
+def test_an_iterable_dataset_needs_len_epoch_and_resumes_exactly(registered, tmp_path, capsys):
+    assert train.main(["-c", str(write_config(tmp_path, "StreamData"))]) == 2
+    assert "the training data has no length: set trainer.len_epoch" in capsys.readouterr().err
+    config = write_config(tmp_path, "StreamData", len_epoch=6)
+    assert_stopped_run_resumes_exactly(tmp_path, config, stop_at=6 + 2)

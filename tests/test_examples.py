@@ -1,0 +1,183 @@
+"""The two worked examples of "any task": denoising (a model, a loss, a metric, a data loader and
+a config, nothing else) and knowledge distillation (a Trainer subclass with its own training
+step). Each trains through train.py, resumes bit-exact on the CPU and runs under torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ROOT, run_script, shrink
+
+from data_loader.data_loaders import NoisyShapesDataLoader
+from model.metric import psnr
+from parse_config import ConfigParser
+from utils.build import build_trainer
+from utils.distributed import ProcessInfo
+
+DENOISE = {
+    "data_loader.args.num_train": 640,
+    "data_loader.args.num_test": 64,
+    "data_loader.args.validation_split": 0.2,
+    "arch.args.width": 16,
+    "arch.args.depth": 2,
+    "trainer.tensorboard": False,
+    "trainer.deterministic": True,
+}
+
+
+def config_file(tmp_path: Path, shipped: str, name: str, **overrides) -> Path:
+    config = shrink(json.loads((ROOT / shipped).read_text()), tmp_path / "saved")
+    for dotted, value in overrides.items():
+        node = config
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return path
+
+
+def run_dir(config: Path, run_id: str) -> Path:
+    name = json.loads(config.read_text())["name"]
+    return config.parent / "saved" / "models" / name / run_id
+
+
+def train(config: Path, run_id: str, *args: str) -> dict:
+    result = run_script("train.py", "-c", str(config), "--run-id", run_id, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(run_dir(config, run_id) / "checkpoint-epoch2.pth", weights_only=True)
+
+
+def assert_resume_is_bit_exact(config: Path) -> None:
+    """Two epochs straight, and one epoch then -r for the second: the same weights, bit for bit."""
+    straight = train(config, "straight")
+    one = run_script("train.py", "-c", str(config), "--run-id", "halves", "--epochs", "1")
+    assert one.returncode == 0, one.stderr[-3000:]
+    first = run_dir(config, "halves") / "checkpoint-epoch1.pth"
+    resumed = run_script("train.py", "-r", str(first), "--epochs", "2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = torch.load(run_dir(config, "halves") / "checkpoint-epoch2.pth", weights_only=True)
+    for key, value in straight["model"].items():
+        assert torch.equal(value, final["model"][key]), key
+    assert final["metrics"] == {**straight["metrics"], **timing(final["metrics"])}
+
+
+def timing(metrics: dict) -> dict:
+    return {key: value for key, value in metrics.items() if key.startswith("time/")}
+
+
+def torchrun_two_processes(config: Path) -> str:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "train.py", "-c", str(config), "--run-id", "ddp", "--epochs", "1",
+        "--set", "trainer.verbosity=2",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "[rank 1] epoch 1/1" in result.stdout
+    return result.stdout
+
+
+# --- denoising: a new task without touching base/, train.py or the trainer --------------------
+
+
+def test_denoising_learns_to_remove_noise(tmp_path):
+    # The shipped network on 1,152 training images: 2 epochs of 36 steps.
+    learn = {"data_loader.args.num_train": 1280, "data_loader.args.validation_split": 0.1}
+    learn.update({"lr_scheduler.args.T_max": 2, "trainer.tensorboard": False})
+    config = config_file(tmp_path, "configs/denoise.json", "denoise.json", **learn)
+    state = train(config, "denoise")
+    # The noisy inputs themselves, scored as if they were the output: what doing nothing gets.
+    data = NoisyShapesDataLoader(
+        **{**json.loads(config.read_text())["data_loader"]["args"], "seed": 0}
+    )
+    noisy, clean = next(
+        iter(torch.utils.data.DataLoader(data.view("train", False), batch_size=640))
+    )
+    baseline = (psnr(noisy, clean) / len(clean)).item()
+    assert 13 < baseline < 15  # noise_std 0.2: 10 log10(1 / 0.04) = 14 dB
+    assert state["metrics"]["val/psnr"] > baseline + 3, state["metrics"]
+    assert "val/accuracy" not in state["metrics"]
+
+    # test.py scores the same validation data the same way; no classes, so no per-class table.
+    report_path = tmp_path / "report.json"
+    best = run_dir(config, "denoise") / "model_best.pth"
+    result = run_script("test.py", "-r", str(best), "--split", "val", "--json", str(report_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    recorded = torch.load(best, weights_only=True)["metrics"]
+    assert report["metrics"]["val/psnr"] == pytest.approx(recorded["val/psnr"], rel=1e-9)
+    assert report["per_class_accuracy"] == {}
+
+
+def test_denoising_resumes_bit_exact(tmp_path):
+    assert_resume_is_bit_exact(config_file(tmp_path, "configs/denoise.json", "d.json", **DENOISE))
+
+
+def test_denoising_under_torchrun(tmp_path):
+    config = config_file(tmp_path, "configs/denoise.json", "d.json", **DENOISE)
+    output = torchrun_two_processes(config)
+    assert "val/psnr" in output
+
+
+# --- distillation: a custom training step in a Trainer subclass --------------------------------
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory) -> Path:
+    """A demo CNN trained for 2 epochs: the teacher."""
+    tmp_path = tmp_path_factory.mktemp("teacher")
+    config = config_file(tmp_path, "configs/demo.json", "teacher.json")
+    train(config, "teacher")
+    return run_dir(config, "teacher") / "checkpoint-epoch2.pth"
+
+
+def distill_config(tmp_path: Path, teacher: Path, **args) -> Path:
+    return config_file(
+        tmp_path, "configs/distill.json", "distill.json",
+        **{"trainer.args": {"teacher": str(teacher), **args}, "trainer.tensorboard": False,
+           "trainer.deterministic": True, "arch.args.widths": [4, 8]},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.7])
+def test_distillation_step_computes_its_loss(tmp_path, teacher, alpha):
+    config = ConfigParser(
+        json.loads(distill_config(tmp_path, teacher, alpha=alpha).read_text()), source="t"
+    )
+    trainer = build_trainer(
+        config, ProcessInfo(), torch.device("cpu"), __import__("logging").getLogger("t")
+    )
+    images, labels = next(iter(trainer.train_loader))
+    result = trainer.training_step((images, labels))
+    student, teacher_output = trainer.model(images), trainer.teacher(images)
+    temperature = 4.0
+    soft = F.kl_div(
+        F.log_softmax(student / temperature, 1), F.softmax(teacher_output / temperature, 1),
+        reduction="batchmean",
+    ) * temperature**2  # fmt: skip
+    expected = alpha * soft + (1 - alpha) * F.cross_entropy(student, labels)
+    torch.testing.assert_close(result.loss, expected)
+    # The teacher is frozen: it is not among the parameters being trained.
+    assert not any(param.requires_grad for param in trainer.teacher.parameters())
+
+
+def test_distillation_trains_resumes_and_runs_under_torchrun(tmp_path, teacher):
+    config = distill_config(tmp_path, teacher)
+    assert_resume_is_bit_exact(config)
+    torchrun_two_processes(config)
+
+
+def test_a_missing_teacher_is_a_one_line_error(tmp_path):
+    config = distill_config(tmp_path, tmp_path / "nowhere.pth")
+    result = run_script("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {config}: trainer.args: teacher: ")
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
