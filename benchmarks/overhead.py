@@ -22,13 +22,14 @@ python benchmarks/overhead.py [--pairs 10] [--num-train 3200] [--threads 1] [--w
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,38 +88,31 @@ class Run:
     model: nn.Module | None = None
 
 
-class Timer:
-    """Adds wall and process CPU time of a `with` block to a Run."""
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-
-    def __enter__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.run.wall_seconds += time.perf_counter() - self.wall
-        self.run.cpu_seconds += time.process_time() - self.cpu
+@contextlib.contextmanager
+def timed(run: Run) -> Iterator[None]:
+    """Add the wall and process CPU time of a `with` block to `run`."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield
+    run.wall_seconds += time.perf_counter() - wall
+    run.cpu_seconds += time.process_time() - cpu
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=10, help="timed A/B pairs (default 10)")
-    parser.add_argument(
-        "--num-train", type=int, default=3200, help="samples per epoch (default 3200)"
-    )
-    parser.add_argument("--batch-size", type=int, default=64, help="default 64, as the demo")
-    parser.add_argument("--epochs", type=int, default=1, help="epochs per run (default 1)")
-    parser.add_argument("--log-step", type=int, default=50, help="Trainer's log_step (default 50)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--widths",
-        type=lambda text: [int(width) for width in text.split(",")],
+    add = parser.add_argument
+    # fmt: off
+    add("--pairs", type=int, default=10, help="timed A/B pairs (default 10)")
+    add("--num-train", type=int, default=3200, help="samples per epoch (default 3200)")
+    add("--batch-size", type=int, default=64, help="default 64, as the demo")
+    add("--epochs", type=int, default=1, help="epochs per run (default 1)")
+    add("--log-step", type=int, default=50, help="Trainer's log_step (default 50)")
+    add("--threads", type=int, default=1, help="torch threads (default 1)")
+    add("--device", default="cpu", help="cpu (default) or cuda")
+    add("--seed", type=int, default=0)
+    add("--widths", type=lambda text: [int(width) for width in text.split(",")],
         help="CifarCNN widths instead of the demo's, e.g. 4: a tiny model whose step is short "
-        "enough for the Trainer's fixed cost per step to stand out of the noise",
-    )
+        "enough for the Trainer's fixed cost per step to stand out of the noise")
+    # fmt: on
     return parser.parse_args()
 
 
@@ -141,14 +135,8 @@ def shrunk_demo_config(args: argparse.Namespace, save_dir: Path) -> dict:
     config["data_loader"]["args"].update(
         batch_size=args.batch_size, shuffle=False, validation_split=0.0, num_workers=0
     )
-    config["trainer"].update(
-        epochs=args.epochs,
-        save_dir=str(save_dir),
-        verbosity=0,
-        monitor="off",
-        tensorboard=False,
-        log_step=args.log_step,
-    )
+    options = {"epochs": args.epochs, "save_dir": str(save_dir), "log_step": args.log_step}
+    config["trainer"].update(options, verbosity=0, monitor="off", tensorboard=False)
     return config
 
 
@@ -173,7 +161,7 @@ def run_trainer(
     run = Run(model=model)
     for epoch in range(1, num_epochs + 1):
         seed_everything(derive_seed(parser["seed"], epoch, 0))
-        with Timer(run):
+        with timed(run):
             metrics = trainer.train_epoch(epoch)  # ends with a read of its totals: a device sync
         run.loss = metrics["train/loss"]
     return run
@@ -220,7 +208,7 @@ def run_hand_loop(
     run = Run(model=model)
     for epoch in range(1, num_epochs + 1):
         seed_everything(derive_seed(seed, epoch, 0))
-        with Timer(run):
+        with timed(run):
             run.loss, _ = hand_epoch(model, optimizer, loader, device)
     return run
 
@@ -256,25 +244,20 @@ def main() -> None:
         seed_everything(args.seed)
         initial = CifarCNN(**config["arch"]["args"])
 
-        def trainer_run() -> Run:
-            return run_trainer(parser, data, initial, device, args.epochs)
-
-        def hand_run() -> Run:
-            return run_hand_loop(
-                config["optimizer"]["args"],
-                loader,
-                initial,
-                device,
-                num_epochs=args.epochs,
-                seed=args.seed,
-            )
+        optimizer_args = config["optimizer"]["args"]
+        runs_of = {
+            "trainer": lambda: run_trainer(parser, data, initial, device, args.epochs),
+            "hand": lambda: run_hand_loop(
+                optimizer_args, loader, initial, device, num_epochs=args.epochs, seed=args.seed
+            ),
+        }
 
         print(
             f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} thread(s); "
             f"{num_steps} steps of batch {args.batch_size} per run "
             f"(CifarCNN {config['arch']['args']['widths']}, Adam)"
         )
-        trainer_run(), hand_run()  # warm-up: allocator, thread pools, lazy initialisation
+        runs_of["trainer"](), runs_of["hand"]()  # warm-up: allocator, thread pools, lazy init
         print(
             f"{'pair':>4}  {'first':<7}  {'Trainer steps/s':>15}  {'hand steps/s':>12}  "
             f"{'wall ratio':>10}  {'CPU-time ratio':>14}"
@@ -284,7 +267,7 @@ def main() -> None:
         for pair in range(args.pairs):
             order = ("trainer", "hand") if pair % 2 == 0 else ("hand", "trainer")
             for name in order:
-                runs[name] = trainer_run() if name == "trainer" else hand_run()
+                runs[name] = runs_of[name]()
             trainer, hand = runs["trainer"], runs["hand"]
             wall_ratios.append(trainer.wall_seconds / hand.wall_seconds)
             cpu_ratios.append(trainer.cpu_seconds / hand.cpu_seconds)
