@@ -108,10 +108,14 @@ def assert_stopped_run_resumes_exactly(tmp_path: Path, config: Path, stop_at: in
     assert resumed["metrics"]["train/loss"] == straight["metrics"]["train/loss"]
 
 
-def test_a_plain_distributed_sampler_trains_and_resumes_exactly(registered, tmp_path):
+def test_a_plain_distributed_sampler_trains_and_resumes_exactly(registered, tmp_path, capsys):
     config = write_config(tmp_path, "PlainSamplerData")
     # 256 training samples in batches of 32: 8 steps per epoch; stop inside epoch 2.
     assert_stopped_run_resumes_exactly(tmp_path, config, stop_at=8 + 3)
+    # The data summary names the sampler that was used, not the template's own.
+    assert (
+        "Sampler: DistributedSampler, from PlainSamplerData.train_loader" in capsys.readouterr().out
+    )
 
 
 def test_an_iterable_dataset_needs_len_epoch_and_resumes_exactly(registered, tmp_path, capsys):

@@ -78,7 +78,13 @@ def torchrun_two_processes(config: Path) -> str:
         "train.py", "-c", str(config), "--run-id", "ddp", "--epochs", "1",
         "--set", "trainer.verbosity=2",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    # Unbuffered: each log line is one write, so the two ranks' lines never interleave.
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONUNBUFFERED": "1",
+    }
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[rank 1] epoch 1/1" in result.stdout

@@ -58,7 +58,7 @@ class Trainer(BaseTrainer):
             self.device,
         )
         if self.rank == 0:  # the data of all ranks together: logged once
-            log_data_summary(self.data, self.logger, self.start_epoch)
+            log_data_summary(self.data, self.logger, self.start_epoch, self.train_loader.sampler)
         self.logger.info("Outputs: %s and %s", self.checkpoint_dir, self.config.log_dir)
         if not self.writer.enabled or not has_length(self.train_loader.dataset):
             return

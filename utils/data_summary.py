@@ -3,6 +3,7 @@
 import logging
 
 import numpy as np
+from torch.utils.data import Sampler
 
 from base.base_data_loader import BaseDataLoader, EpochSampler
 
@@ -10,10 +11,14 @@ from base.base_data_loader import BaseDataLoader, EpochSampler
 MAX_LISTED_CLASSES = 20
 
 
-def log_data_summary(data: BaseDataLoader, logger: logging.Logger, epoch: int) -> None:
+def log_data_summary(
+    data: BaseDataLoader, logger: logging.Logger, epoch: int, used: Sampler | None = None
+) -> None:
     """Log the training and validation data (sizes, class counts), the sampler and, for weighted
     sampling, the classes drawn in `epoch`; warn about a class missing from the validation data
-    and about samples that are in both."""
+    and about samples that are in both. `used`: the training loader's sampler (default: the
+    template's own)."""
+    used = data.train_sampler() if used is None else used
     names = data.class_names()  # none for data without classes (e.g. denoising)
 
     def counts(split: str, indices: np.ndarray) -> str:
@@ -50,6 +55,9 @@ def log_data_summary(data: BaseDataLoader, logger: logging.Logger, epoch: int) -
                 len(shared),
                 shared[0],
             )
+    if not isinstance(used, EpochSampler):  # a loader that brings its own sampler or stream
+        logger.info("Sampler: %s, from %s.train_loader", type(used).__name__, type(data).__name__)
+        return
     sampler = data.train_sampler()
     logger.info("Sampler: %s", describe_sampler(data, sampler))
     if data.sampler == "weighted":
