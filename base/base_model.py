@@ -31,7 +31,7 @@ class BaseModel(nn.Module, abc.ABC):
         names = [name for name, _ in self.named_parameters()]
         modules = dict(self.named_modules())
         for prefix in prefixes:
-            matched = [name for name in names if name == prefix or name.startswith(prefix + ".")]
+            matched = [name for name in names if under_prefix(name, prefix)]
             if not matched:
                 raise ConfigValueError(
                     f"arch.freeze: {prefix!r} matches no parameter of {type(self).__name__} "
@@ -54,6 +54,12 @@ class BaseModel(nn.Module, abc.ABC):
 
     def __str__(self) -> str:
         return f"{super().__str__()}\nTrainable parameters: {self.num_trainable_parameters():,}"
+
+
+def under_prefix(name: str, prefix: str) -> bool:
+    """Whether parameter `name` is `prefix` or lies under it, by whole name parts:
+    "network.layer1" covers "network.layer1.0.conv1.weight", not "network.layer10..."."""
+    return name == prefix or name.startswith(prefix + ".")
 
 
 def name_prefixes(module: nn.Module) -> list[str]:

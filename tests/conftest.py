@@ -60,21 +60,33 @@ def shrink(config: dict, save_dir: Path) -> dict:
     return config
 
 
+def write_shrunk(shipped: str, path: Path, save_dir: Path, **overrides) -> Path:
+    """A shrunk copy of a shipped config at `path`, its outputs under save_dir, with dotted-key
+    overrides, e.g. **{"trainer.epochs": 3}."""
+    config = shrink(json.loads((ROOT / shipped).read_text()), save_dir)
+    for dotted, value in overrides.items():
+        node = config
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    path.write_text(json.dumps(config, indent=4))
+    return path
+
+
+def set_flags(overrides: dict) -> list[str]:
+    """{"a.b": value} as train.py arguments: ["--set", "a.b=<value as JSON>", ...]."""
+    return [
+        item for key, value in overrides.items() for item in ("--set", f"{key}={json.dumps(value)}")
+    ]
+
+
 @pytest.fixture
 def make_config(tmp_path: Path) -> Callable[..., Path]:
     """make_config("configs/demo.json", **{"trainer.epochs": 3}) -> path of a shrunk copy in tmp_path."""
 
     def make(name: str = "configs/demo.json", filename: str = "config.json", **overrides) -> Path:
-        config = shrink(json.loads((ROOT / name).read_text()), tmp_path / "saved")
-        for dotted, value in overrides.items():
-            node = config
-            *parents, last = dotted.split(".")
-            for key in parents:
-                node = node[key]
-            node[last] = value
-        path = tmp_path / filename
-        path.write_text(json.dumps(config, indent=4))
-        return path
+        return write_shrunk(name, tmp_path / filename, tmp_path / "saved", **overrides)
 
     return make
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, SAMPLE_DIR, run_script, shrink
+from conftest import ROOT, SAMPLE_DIR, run_script, set_flags, shrink
 
 RUN = Path("models") / "Demo_CifarCNN"
 EPOCH_LINE = re.compile(r"(\[rank (\d)\] )?epoch (\d+)/\d+  (.*?)  time/")
@@ -201,9 +201,7 @@ def test_imagenet_config_smoke_under_torchrun(tmp_path: Path) -> None:
         "trainer.save_dir": str(tmp_path / "saved"),
         "trainer.tensorboard": False,
     }
-    sets = [
-        item for key, value in overrides.items() for item in ("--set", f"{key}={json.dumps(value)}")
-    ]
+    sets = set_flags(overrides)
     result = run_torchrun(
         "--standalone", "--nproc_per_node=2", "train.py", "-c", "configs/imagenet.json",
         "--run-id", "smoke", *sets,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, run_script, shrink
+from conftest import ROOT, run_script, write_shrunk
 
 from data_loader.data_loaders import NoisyShapesDataLoader
 from model.metric import psnr
@@ -31,16 +31,7 @@ DENOISE = {
 
 
 def config_file(tmp_path: Path, shipped: str, name: str, **overrides) -> Path:
-    config = shrink(json.loads((ROOT / shipped).read_text()), tmp_path / "saved")
-    for dotted, value in overrides.items():
-        node = config
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node[key]
-        node[last] = value
-    path = tmp_path / name
-    path.write_text(json.dumps(config))
-    return path
+    return write_shrunk(shipped, tmp_path / name, tmp_path / "saved", **overrides)
 
 
 def run_dir(config: Path, run_id: str) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import ROOT, SAMPLE_DIR, run_script
+from conftest import ROOT, SAMPLE_DIR, run_script, set_flags
 from torch import nn
 
 import train
@@ -224,9 +224,7 @@ def test_finetune_config_on_real_images(resnet18_file, tmp_path):
         "trainer.save_dir": str(tmp_path / "saved"),
         "trainer.tensorboard": False,
     }
-    sets = [
-        arg for key, value in overrides.items() for arg in ("--set", f"{key}={json.dumps(value)}")
-    ]
+    sets = set_flags(overrides)
     result = run_script("train.py", "-c", "configs/finetune.json", "--run-id", "ft", *sets)
     assert result.returncode == 0, result.stderr[-3000:]
     state = torch.load(

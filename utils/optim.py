@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from base import BaseModel
-from base.base_model import name_prefixes
+from base.base_model import name_prefixes, under_prefix
 from parse_config import ConfigError, ConfigParser
 from utils.util import ConfigValueError
 
@@ -61,11 +61,7 @@ def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[
         prefixes = [group["params"]] if isinstance(group["params"], str) else group["params"]
         params = []
         for prefix in prefixes:
-            matched = [
-                (name, param)
-                for name, param in trainable
-                if name == prefix or name.startswith(prefix + ".")
-            ]
+            matched = [(name, param) for name, param in trainable if under_prefix(name, prefix)]
             if not matched:
                 raise ConfigError(
                     f"{where}: {prefix!r} matches no trainable parameter (frozen ones are left "
