@@ -89,11 +89,25 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
-def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
-    """Load state["model"] into `model` (unwrapped from DDP); a mismatch is a CheckpointError."""
+def ema_weights(state: dict, path: Path) -> dict:
+    """The averaged weights (trainer.ema_decay) of a checkpoint, as a model state dict.
+
+    state["ema"] is the state dict of torch.optim.swa_utils.AveragedModel: the averaged
+    network's entries under "module.", and its update counter "n_averaged".
+    """
+    averaged = state.get("ema")
+    if not averaged:
+        raise CheckpointError(f"{path}: holds no averaged weights (trainer.ema_decay was off)")
+    prefix = "module."
+    return {key[len(prefix) :]: value for key, value in averaged.items() if key.startswith(prefix)}
+
+
+def load_model_state(model: torch.nn.Module, state: dict, path: Path, *, ema: bool = False) -> None:
+    """Load state["model"] (or with ema, the averaged weights) into `model` (unwrapped from
+    DDP); a mismatch is a CheckpointError."""
     model = unwrap_model(model)
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(ema_weights(state, path) if ema else state["model"])
     except RuntimeError as error:
         detail = " ".join(str(error).split())[:300]
         arch = state["config"].get("arch", {}).get("type", "?")
