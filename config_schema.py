@@ -33,7 +33,9 @@ from utils.config_checks import (
     POSITIVE_INT,
     POSITIVE_NUMBER,
     PREFIX_LIST,
+    PROBABILITY,
     SAMPLER,
+    SMOOTHING,
     STRING,
     STRING_LIST,
     VALIDATION_SPLIT,
@@ -71,6 +73,15 @@ class OptimizerArgs:
 
     lr: float | None = key(OPTIONAL, POSITIVE_NUMBER, "learning rate (> 0)")
     weight_decay: float | None = key(OPTIONAL, NON_NEGATIVE_NUMBER, "weight decay (>= 0)")
+
+
+@dataclasses.dataclass(kw_only=True)
+class LossArgs:
+    """loss.args, checked up front when present; any other argument is the function's."""
+
+    label_smoothing: float | None = key(
+        OPTIONAL, SMOOTHING, "`cross_entropy`: weight of the uniform distribution in the target"
+    )
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -129,6 +140,13 @@ class DataLoaderSection(Section):
 
 
 @dataclasses.dataclass(kw_only=True)
+class LossSection(Section):
+    """loss, when it has arguments: a function in model/loss.py."""
+
+    known_args = LossArgs
+
+
+@dataclasses.dataclass(kw_only=True)
 class OptimizerSection(Section):
     """optimizer: any optimizer in torch.optim."""
 
@@ -137,6 +155,16 @@ class OptimizerSection(Section):
     param_groups: list[dict[str, Any]] | None = key(
         OPTIONAL, PARAM_GROUPS, "parts of the model with their own optimizer options"
     )
+    norm_bias_weight_decay: float | None = key(
+        None,
+        optional(NON_NEGATIVE_NUMBER),
+        "weight decay of normalisation-layer weights and of biases (e.g. `0.0`); `null`: as the rest",
+    )
+    reference_batch_size: int | None = key(
+        None,
+        optional(POSITIVE_INT),
+        "the learning rates are for this global batch: scaled by global batch / this; `null`: as given",
+    )
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -144,6 +172,17 @@ class SchedulerSection(Section):
     """lr_scheduler: any scheduler in torch.optim.lr_scheduler."""
 
     interval: str = key("epoch", INTERVAL, "step the scheduler after each epoch or each step")
+    warmup_epochs: float = key(
+        0,
+        NON_NEGATIVE_NUMBER,
+        'linear warmup before the schedule, in epochs (whole with `"epoch"`)',
+    )
+    warmup_steps: int = key(
+        0, NON_NEGATIVE_INT, 'linear warmup in optimizer steps (`"step"` interval only)'
+    )
+    warmup_start_factor: float = key(
+        0.01, PROBABILITY, "warmup starts at this fraction of the learning rate (in (0, 1])"
+    )
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -204,10 +243,33 @@ class TrainerConfig:
     tf32: bool | None = key(
         None, optional(BOOL), "TF32 matmuls and convolutions on CUDA; `null`: torch's defaults"
     )
+    ema_decay: float | None = key(
+        None,
+        optional(PROBABILITY),
+        "keep an exponential moving average of the weights with this decay; `null`: off",
+    )
+    ema_period: int = key(1, POSITIVE_INT, "optimizer steps between two updates of the average")
+    save_top_k: int = key(
+        0, NON_NEGATIVE_INT, "also keep the k best epochs as `model_best-epoch<N>.pth`"
+    )
     type: str = key(
         "Trainer", STRING, "the trainer class: a name in the `trainer` package's `__all__`"
     )
     args: dict[str, Any] = key({}, None, "keyword arguments for that class's constructor")
+
+
+@dataclasses.dataclass(kw_only=True)
+class BatchMixingConfig:
+    """batch_mixing: MixUp and CutMix of training batches (torchvision.transforms.v2)."""
+
+    mixup_alpha: float = key(0.0, NON_NEGATIVE_NUMBER, "MixUp's Beta(alpha, alpha); `0`: no MixUp")
+    cutmix_alpha: float = key(
+        0.0, NON_NEGATIVE_NUMBER, "CutMix's Beta(alpha, alpha); `0`: no CutMix"
+    )
+    prob: float = key(1.0, PROBABILITY, "the chance that a batch is mixed")
+    cutmix_prob: float = key(
+        0.5, PROBABILITY, "with both on: the chance of CutMix rather than MixUp for a batch"
+    )
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -232,10 +294,13 @@ class Config:
         REQUIRED, None, "the data, from `data_loader/data_loaders.py`"
     )
     optimizer: OptimizerSection = key(REQUIRED, None, "any optimizer in `torch.optim`")
-    loss: str = key(REQUIRED, STRING, "a function name from `model/loss.py`")
+    loss: str | LossSection = key(
+        REQUIRED, STRING, 'a function name from `model/loss.py`, or {"type": NAME, "args": {...}}'
+    )
     metrics: list[str] = key([], STRING_LIST, "function names from `model/metric.py`")
     lr_scheduler: SchedulerSection | None = key(None, None, "a `torch.optim.lr_scheduler` class")
     trainer: TrainerConfig = key(REQUIRED, None, "the training loop")
+    batch_mixing: BatchMixingConfig = key({}, None, "MixUp / CutMix; off by default")
     distributed: DistributedConfig = key({}, None, "used only under torchrun")
 
 
@@ -247,9 +312,11 @@ TABLES: dict[str, type] = {
     "optimizer": OptimizerSection,
     "lr_scheduler": SchedulerSection,
     "trainer": TrainerConfig,
+    "batch_mixing": BatchMixingConfig,
     "distributed": DistributedConfig,
     "data_loader.args": DataLoaderArgs,
     "optimizer.args": OptimizerArgs,
+    "loss.args": LossArgs,
 }
 MARKED_TABLE = re.compile(r"(<!-- schema: (\S+) -->\n)(.*?)(<!-- /schema -->)", re.DOTALL)
 

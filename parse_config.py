@@ -78,7 +78,10 @@ class ConfigParser:
         self.fine_tune = False
         self.continue_run = False
         self.monitor_mode, self.monitor_key = parse_monitor(
-            self.config["trainer"]["monitor"], self.config["metrics"], source
+            self.config["trainer"]["monitor"],
+            self.config["metrics"],
+            source,
+            ema=self.config["trainer"]["ema_decay"] is not None,
         )
 
     @classmethod

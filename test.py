@@ -1,6 +1,6 @@
 """Evaluate a checkpoint on the test (or validation) split.
 
-python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--json out.json]
+python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--ema] [--json out.json]
 """
 
 import argparse
@@ -27,6 +27,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     parser.add_argument(
+        "--ema", action="store_true", help="evaluate the averaged weights (trainer.ema_decay)"
+    )
+    parser.add_argument(
         "--set", action="append", metavar="KEY.PATH=VALUE",
         help="override a config key, e.g. data_loader.args.data_dir=/data (repeatable)",
     )  # fmt: skip
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from utils import UserError
 
     try:
-        results = evaluate_checkpoint(ConfigParser.from_args(args), args.split)
+        results = evaluate_checkpoint(ConfigParser.from_args(args), args.split, ema=args.ema)
         if args.json:
             try:
                 with open(args.json, "w", encoding="utf-8") as file:
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def evaluate_checkpoint(config: "ConfigParser", split: str) -> dict:
+def evaluate_checkpoint(config: "ConfigParser", split: str, *, ema: bool = False) -> dict:
     import torch
 
     from logger import setup_logging
@@ -71,7 +74,7 @@ def evaluate_checkpoint(config: "ConfigParser", split: str) -> dict:
     # The run's own trainer, validation step, precision and memory format: --split val
     # reproduces the validation of the run.
     trainer = build_trainer(config, ProcessInfo(), device, logger, training=False)
-    load_model_state(trainer.model, state, config.resume)
+    load_model_state(trainer.model, state, config.resume, ema=ema)
     class_names = trainer.data.class_names()
     hits = torch.zeros(2, len(class_names), dtype=torch.int64, device=device)
 
@@ -89,8 +92,14 @@ def evaluate_checkpoint(config: "ConfigParser", split: str) -> dict:
         name: (right / count if count else None)
         for name, right, count in zip(class_names, correct, total, strict=True)
     }
+    weights = "averaged weights" if ema else "weights"
     logger.info(
-        "%s: %d samples from %s (epoch %d)", split, num_samples, config.resume, state["epoch"]
+        "%s: %d samples, %s of %s (epoch %d)",
+        split,
+        num_samples,
+        weights,
+        config.resume,
+        state["epoch"],
     )
     for key, value in metrics.items():
         logger.info("  %-20s %.4f", key, value)
@@ -102,6 +111,7 @@ def evaluate_checkpoint(config: "ConfigParser", split: str) -> dict:
         "checkpoint": str(config.resume),
         "epoch": state["epoch"],
         "split": split,
+        "ema": ema,
         "num_samples": num_samples,
         "metrics": metrics,
         "per_class_accuracy": per_class_accuracy,

@@ -12,11 +12,13 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -24,14 +26,19 @@ from base.base_data_loader import BaseDataLoader
 from logger import TensorboardWriter
 from utils import amp_dtype, derive_seed, seed_everything, unwrap_model
 from utils.batches import all_finite, check_loaders, epoch_batches, to_device
-from utils.checkpoint import save_checkpoint
 from utils.distributed import all_reduce_max, is_distributed, sync_buffers
 from utils.metric_sums import MetricFn, MetricSums, StepOutput
 from utils.monitor import Monitor
-from utils.schedule import step_scheduler
+from utils.schedule import build_scheduler, step_scheduler
 from utils.signals import StopRequest
 from utils.timing import DataWait, Stopwatch
-from utils.training_state import checkpoint_state, restore, restore_rng, write_checkpoint
+from utils.training_state import (
+    checkpoint_state,
+    restore,
+    restore_rng,
+    save_best,
+    write_checkpoint,
+)
 from utils.util import Interrupted, StopInEpoch, TrainingError
 
 
@@ -48,12 +55,11 @@ class BaseTrainer(abc.ABC):
         config: Any,  # parse_config.ConfigParser
         device: torch.device,
         data: BaseDataLoader,
-        lr_scheduler: Any = None,
         logger: logging.Logger | None = None,
         rank: int = 0,
     ) -> None:
         self.model, self.criterion, self.metric_fns = model.to(device), criterion, metric_fns
-        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.optimizer, self.lr_scheduler, self.ema = optimizer, None, None
         self.config, self.device, self.data, self.rank = config, device, data, rank
         self.logger = logger or logging.getLogger("trainer")
         self.options = options = config["trainer"]
@@ -61,10 +67,11 @@ class BaseTrainer(abc.ABC):
         self.amp_dtype = amp_dtype(options["amp"])
         # fp16 gradients underflow without loss scaling; disabled, the scaler passes through.
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
-        self.monitor = Monitor(config.monitor_mode, config.monitor_key, options["early_stop"])
-        self.step_per_batch = (
-            lr_scheduler is not None and config["lr_scheduler"]["interval"] == "step"
+        self.monitor = Monitor(
+            config.monitor_mode, config.monitor_key, options["early_stop"], options["save_top_k"]
         )
+        schedule = config["lr_scheduler"]
+        self.step_per_batch = schedule is not None and schedule["interval"] == "step"
         self.train_loader, self.val_loader, self.len_epoch = None, None, 0
         if optimizer is not None:  # without one, the trainer only evaluates (test.py)
             # A compiled model keeps one graph for one batch shape: a short last batch would
@@ -76,6 +83,17 @@ class BaseTrainer(abc.ABC):
             )
             # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
             self.len_epoch = options["len_epoch"] or len(self.train_loader)
+            # Optimizer steps per epoch: one per accumulation group, the last one maybe short.
+            num_steps = -(-self.len_epoch // options["grad_accum_steps"])
+            self.lr_scheduler = build_scheduler(config, optimizer, num_steps)
+            if options["ema_decay"] is not None:
+                # A copy of the plain model whose weights (and BatchNorm statistics) follow the
+                # trained ones: ema = decay * ema + (1 - decay) * weights, every ema_period steps.
+                self.ema = AveragedModel(
+                    unwrap_model(self.model),
+                    multi_avg_fn=get_ema_multi_avg_fn(options["ema_decay"]),
+                    use_buffers=True,
+                )
         self.start_epoch, self.global_step, self.num_skipped_steps = 1, 0, 0
         # Where a mid-epoch checkpoint left off: batches done, their sums, this rank's RNG state.
         self.resume_batch, self.resume_totals, self.resume_rng = 0, None, None
@@ -150,6 +168,7 @@ class BaseTrainer(abc.ABC):
         step_scheduler(self.lr_scheduler, metrics, self.monitor.key, self.step_per_batch)
 
         improved = self.monitor.update(metrics)
+        in_top_k, dropped = self.monitor.rank_top_k(metrics, epoch)
         # One x-axis for every curve: the optimizer step, with the epoch as a curve of its own.
         self.writer.add_scalars({**metrics, "epoch": epoch}, self.global_step)
         summary = "  ".join(f"{key} {value:.4g}" for key, value in metrics.items())
@@ -165,9 +184,7 @@ class BaseTrainer(abc.ABC):
         last = epoch == self.epochs or self.monitor.should_stop or agreed
         if epoch % self.options["save_period"] == 0 or last:
             write_checkpoint(self, state, path)
-        if improved and self.rank == 0:
-            save_checkpoint(state, self.checkpoint_dir / "model_best.pth")
-            self.logger.info("Saved model_best.pth (%s %.4g)", self.monitor.key, self.monitor.best)
+        save_best(self, state, epoch, improved=improved, in_top_k=in_top_k, dropped=dropped)
         if agreed and epoch < self.epochs:
             raise Interrupted(agreed, path)
         return metrics
@@ -235,6 +252,9 @@ class BaseTrainer(abc.ABC):
         if self.step_per_batch:
             self.lr_scheduler.step()
         self.global_step += 1
+        # The average's counter stays on the CPU (AveragedModel's default): no host sync here.
+        if self.ema is not None and self.global_step % self.options["ema_period"] == 0:
+            self.ema.update_parameters(unwrap_model(self.model))
 
     def log_interval(self, epoch: int, step: int, sums: MetricSums, progress: tqdm) -> int:
         """The one host-device sync of the loop, every log_step steps: the running loss, and
@@ -293,4 +313,21 @@ class BaseTrainer(abc.ABC):
         sync_buffers(unwrap_model(self.model))
         metrics = self.evaluate(self.val_loader, "val")
         del metrics["val/num_samples"]  # the same every epoch: logged once at the start
+        if self.ema is not None:  # the averaged weights on the same data: val/ema_<metric>
+            sync_buffers(self.ema.module)
+            with self.evaluating(self.ema.module):
+                averaged = self.evaluate(self.val_loader, "val")
+            del averaged["val/num_samples"]
+            metrics.update(
+                {key.replace("val/", "val/ema_"): value for key, value in averaged.items()}
+            )
         return metrics
+
+    @contextlib.contextmanager
+    def evaluating(self, model: nn.Module) -> Iterator[None]:
+        """validation_step runs `model` (e.g. the averaged weights) instead of self.model."""
+        trained, self.model = self.model, model
+        try:
+            yield
+        finally:
+            self.model = trained

@@ -12,7 +12,7 @@ from torchvision.transforms import v2
 from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.synthetic import SyntheticShapes
-from data_loader.transforms import PRESETS, STATS, cifar_transform
+from data_loader.transforms import AUTO_AUGMENT, IMAGE_SIZES, PRESETS, STATS
 from utils import ConfigValueError, derive_seed, describe_error
 
 __all__ = [
@@ -35,7 +35,63 @@ def load_image(path: str) -> Image.Image:
         ) from None
 
 
-class Cifar10DataLoader(BaseDataLoader):
+class ImageDataLoader(BaseDataLoader):
+    """What the image classification loaders share: a transform preset ("cifar" unless the
+    loader says otherwise) and its sizes and augmentation, from data_loader.args:
+
+    image_size (training; the preset's default), eval_image_size (evaluation crop; default
+    image_size), eval_resize_size ("imagenet": resize before that crop; default crop x 256/224),
+    auto_augment ("trivialaugment", "randaugment" or "autoaugment"; null: none) and
+    random_erasing (the probability of erasing a random rectangle of a training image).
+    """
+
+    preset = "cifar"
+
+    def __init__(
+        self,
+        *,
+        image_size: int | None = None,
+        eval_image_size: int | None = None,
+        eval_resize_size: int | None = None,
+        auto_augment: str | None = None,
+        random_erasing: float = 0.0,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, value in (
+            ("image_size", image_size),
+            ("eval_image_size", eval_image_size),
+            ("eval_resize_size", eval_resize_size),
+        ):
+            if value is not None and not (isinstance(value, int) and value > 0):
+                raise ConfigValueError(f"{name} must be a positive integer or null, got {value!r}")
+        if auto_augment is not None and auto_augment not in AUTO_AUGMENT:
+            raise ConfigValueError(
+                f"auto_augment must be one of {', '.join(AUTO_AUGMENT)} or null, got {auto_augment!r}"
+            )
+        if not (isinstance(random_erasing, int | float) and 0 <= random_erasing <= 1):
+            raise ConfigValueError(
+                f"random_erasing must be a probability in [0, 1], got {random_erasing!r}"
+            )
+        self.image_size = image_size
+        self.augmentation = {
+            "eval_image_size": eval_image_size,
+            "auto_augment": auto_augment,
+            "random_erasing": random_erasing,
+        }
+        if eval_resize_size is not None:
+            if self.preset != "imagenet":
+                raise ConfigValueError(
+                    f'eval_resize_size: only for preset "imagenet", not "{self.preset}"'
+                )
+            self.augmentation["eval_resize_size"] = eval_resize_size
+
+    def transform(self, augment: bool) -> Callable:
+        size = self.image_size or IMAGE_SIZES[self.preset]
+        return PRESETS[self.preset](augment, image_size=size, **self.augmentation)
+
+
+class Cifar10DataLoader(ImageDataLoader):
     """torchvision's CIFAR-10: 50,000 training images ("train") and the 10,000 test images ("test")."""
 
     splits = ("train", "test")
@@ -68,9 +124,6 @@ class Cifar10DataLoader(BaseDataLoader):
                 "Offline: python train.py -c configs/demo.json"
             ) from None
 
-    def transform(self, augment: bool) -> Callable:
-        return cifar_transform(augment)
-
     def class_names(self) -> list[str]:
         return list(self.dataset("train").classes)
 
@@ -78,28 +131,21 @@ class Cifar10DataLoader(BaseDataLoader):
         return f"{self.data_dir / 'cifar-10-batches-py'} ({split})"
 
 
-class ImageFolderDataLoader(BaseDataLoader):
+class ImageFolderDataLoader(ImageDataLoader):
     """ImageNet-style folders: data_dir/train/<class>/*, data_dir/val/<class>/*, optional test/.
 
     preset "imagenet" (RandomResizedCrop + flip; Resize + CenterCrop for evaluation, at
-    image_size, default 224) or "cifar" (crop with padding + flip, 32x32 unless image_size says).
+    image_size, default 224) or "cifar" (crop with padding + flip, 32x32 unless image_size
+    says); the augmentation arguments are ImageDataLoader's.
     The "test" split is test/ when present, else val/.
     """
 
-    def __init__(
-        self,
-        data_dir: str,
-        *,
-        preset: str = "imagenet",
-        image_size: int | None = None,
-        **kwargs: object,
-    ) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, data_dir: str, *, preset: str = "imagenet", **kwargs: object) -> None:
         if preset not in PRESETS:
             raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+        self.preset = preset  # before ImageDataLoader checks the sizes against it
+        super().__init__(**kwargs)
         self.data_dir = Path(data_dir)
-        self.preset = preset
-        self.image_size = image_size or (224 if preset == "imagenet" else 32)
         self.mean, self.std = STATS[preset]
         if not (self.data_dir / "train").is_dir():
             raise DataError(
@@ -130,14 +176,11 @@ class ImageFolderDataLoader(BaseDataLoader):
             )
         return dataset
 
-    def transform(self, augment: bool) -> Callable:
-        return PRESETS[self.preset](augment, self.image_size)
-
     def class_names(self) -> list[str]:
         return list(self.dataset("train").classes)
 
 
-class SyntheticDataLoader(BaseDataLoader):
+class SyntheticDataLoader(ImageDataLoader):
     """Offline CIFAR-shaped data (3x32x32, 10 classes): see data_loader/synthetic.py.
 
     The training and test splits are drawn from different seeds derived from data_seed,
@@ -159,9 +202,6 @@ class SyntheticDataLoader(BaseDataLoader):
 
     def load_split(self, split: str) -> Dataset:
         return SyntheticShapes(self.sizes[split], seed=[self.data_seed, self.splits.index(split)])
-
-    def transform(self, augment: bool) -> Callable:
-        return cifar_transform(augment)
 
     def class_names(self) -> list[str]:
         return list(SyntheticShapes.classes)

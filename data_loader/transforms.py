@@ -1,48 +1,126 @@
-"""Transform presets: image (PIL or HWC uint8 array) -> normalised CHW float tensor."""
+"""Transform presets: image (PIL or HWC uint8 array) -> normalised CHW float tensor, and the
+batch mixing (MixUp / CutMix) of training batches."""
 
 from collections.abc import Callable
 
 import torch
 from torchvision.transforms import v2
 
+from utils import ConfigValueError
+
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# data_loader.args.auto_augment: torchvision's augmentation policies (their default settings).
+AUTO_AUGMENT = ("trivialaugment", "randaugment", "autoaugment")
 
 
-def cifar_transform(augment: bool, image_size: int = 32) -> Callable:
-    """CIFAR-10 recipe: random crop with 4-pixel padding and horizontal flip when augmenting."""
-    # HWC uint8 (array or PIL) -> CHW uint8 tensor, at image_size (a no-op for 32x32 CIFAR).
-    steps: list[Callable] = [v2.ToImage(), v2.Resize((image_size, image_size), antialias=True)]
+def augmentation_policy(name: str | None, preset: str) -> list[Callable]:
+    """The policy `name` as a list of one transform (of uint8 images), or none."""
+    if name is None:
+        return []
+    if name == "trivialaugment":
+        return [v2.TrivialAugmentWide()]
+    if name == "randaugment":
+        return [v2.RandAugment()]
+    policy = v2.AutoAugmentPolicy.CIFAR10 if preset == "cifar" else v2.AutoAugmentPolicy.IMAGENET
+    return [v2.AutoAugment(policy)]
+
+
+def cifar_transform(
+    augment: bool,
+    *,
+    image_size: int = 32,
+    eval_image_size: int | None = None,
+    auto_augment: str | None = None,
+    random_erasing: float = 0.0,
+) -> Callable:
+    """CIFAR-10 recipe: random crop with 4-pixel padding and horizontal flip when augmenting,
+    then the auto_augment policy, normalisation and random erasing (with that probability)."""
+    size = image_size if augment else eval_image_size or image_size
+    # HWC uint8 (array or PIL) -> CHW uint8 tensor, at size (a no-op for 32x32 CIFAR).
+    steps: list[Callable] = [v2.ToImage(), v2.Resize((size, size), antialias=True)]
     if augment:
-        steps += [v2.RandomCrop(image_size, padding=4), v2.RandomHorizontalFlip()]
+        steps += [v2.RandomCrop(size, padding=4), v2.RandomHorizontalFlip()]
+        steps += augmentation_policy(auto_augment, "cifar")
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+    if augment and random_erasing > 0:
+        steps.append(v2.RandomErasing(p=random_erasing))
     return v2.Compose(steps)
 
 
-def imagenet_transform(augment: bool, image_size: int = 224) -> Callable:
-    """ImageNet recipe: RandomResizedCrop + flip for training; Resize + CenterCrop for evaluation."""
+def imagenet_transform(
+    augment: bool,
+    *,
+    image_size: int = 224,
+    eval_image_size: int | None = None,
+    eval_resize_size: int | None = None,
+    auto_augment: str | None = None,
+    random_erasing: float = 0.0,
+) -> Callable:
+    """ImageNet recipe: RandomResizedCrop(image_size) + flip (+ auto_augment, random erasing) for
+    training; Resize(eval_resize_size) + CenterCrop(eval_image_size) for evaluation. Training
+    smaller than evaluating (176 vs 232 -> 224) makes up for the objects RandomResizedCrop
+    enlarges (FixRes, Touvron et al., 2019)."""
     steps: list[Callable] = [v2.ToImage()]
     if augment:
         steps += [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
+        steps += augmentation_policy(auto_augment, "imagenet")
     else:
-        # The usual 256 -> 224 ratio, kept for other sizes.
-        steps += [
-            v2.Resize(round(image_size * 256 / 224), antialias=True),
-            v2.CenterCrop(image_size),
-        ]
+        crop = eval_image_size or image_size
+        # The usual 256 -> 224 ratio unless eval_resize_size says otherwise.
+        resize = eval_resize_size or round(crop * 256 / 224)
+        steps += [v2.Resize(resize, antialias=True), v2.CenterCrop(crop)]
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    if augment and random_erasing > 0:
+        steps.append(v2.RandomErasing(p=random_erasing))
     return v2.Compose(steps)
 
 
-PRESETS: dict[str, Callable[[bool, int], Callable]] = {
+PRESETS: dict[str, Callable[..., Callable]] = {
     "cifar": cifar_transform,
     "imagenet": imagenet_transform,
 }
+# The training image size of each preset unless image_size says otherwise.
+IMAGE_SIZES = {"cifar": 32, "imagenet": 224}
 
 # (mean, std) per preset: the TensorBoard image grid undoes the normalisation with these.
 STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar": (CIFAR10_MEAN, CIFAR10_STD),
     "imagenet": (IMAGENET_MEAN, IMAGENET_STD),
 }
+
+
+def no_mixing(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch as it is: batch_mixing when MixUp and CutMix are off."""
+    return images, labels
+
+
+def batch_mixing(
+    num_classes: int | None,
+    *,
+    mixup_alpha: float = 0.0,
+    cutmix_alpha: float = 0.0,
+    prob: float = 1.0,
+    cutmix_prob: float = 0.5,
+) -> Callable:
+    """(images (B, C, H, W), labels (B,)) -> (mixed images, soft labels (B, num_classes)) with
+    torchvision's MixUp and/or CutMix (config batch_mixing); no_mixing when both are off.
+
+    Each mixes the batch with itself rolled by one, by a factor drawn from Beta(alpha, alpha)
+    on the CPU's generator (seeded per epoch; no device sync).
+    """
+    if not num_classes and (mixup_alpha > 0 or cutmix_alpha > 0):
+        raise ConfigValueError("batch_mixing: needs a classifier (a model with num_classes)")
+    mixers, weights = [], []
+    if mixup_alpha > 0:
+        mixers.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
+        weights.append(1 - cutmix_prob if cutmix_alpha > 0 else 1.0)
+    if cutmix_alpha > 0:
+        mixers.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
+        weights.append(cutmix_prob if mixup_alpha > 0 else 1.0)
+    if not mixers:
+        return no_mixing
+    mix = mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers, p=weights)
+    return mix if prob == 1 else v2.RandomApply([mix], p=prob)

@@ -42,11 +42,11 @@ def make_trainer(tmp_path: Path, device: torch.device, **trainer_args) -> Traine
     torch.manual_seed(0)
     model = arch_module.CifarCNN(**config["arch"]["args"]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=3)
     data = SyntheticDataLoader(**{**config["data_loader"]["args"], "seed": 0})
+    # The trainer builds the config's schedule (CosineAnnealingLR) on this optimizer.
     return Trainer(
         model, cross_entropy, {"accuracy": accuracy}, optimizer,
-        config=parser, device=device, data=data, lr_scheduler=scheduler,
+        config=parser, device=device, data=data,
     )  # fmt: skip
 
 

@@ -40,9 +40,11 @@ class DistillationTrainer(Trainer):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
         images, labels = batch  # (B, C, H, W), (B,)
-        output = self.model(images)  # student logits (B, num_classes)
+        # Both networks see the same mixed images (MixUp / CutMix, when batch_mixing is on).
+        mixed_images, mixed_labels = self.mix(images, labels)
+        output = self.model(mixed_images)  # student logits (B, num_classes)
         with torch.no_grad():
-            teacher_output = self.teacher(images)  # (B, num_classes)
+            teacher_output = self.teacher(mixed_images)  # (B, num_classes)
         temperature = self.temperature
         # KL divergence between the softened distributions; T^2 keeps its gradients' scale
         # independent of the temperature.
@@ -52,7 +54,7 @@ class DistillationTrainer(Trainer):
             reduction="batchmean",
             log_target=True,
         ) * (temperature**2)
-        hard_loss = self.criterion(output, labels)
+        hard_loss = self.criterion(output, mixed_labels)
         loss = self.alpha * soft_loss + (1 - self.alpha) * hard_loss
         return StepOutput(loss=loss, output=output, target=labels)
 

@@ -14,6 +14,7 @@ import torch
 import torchvision
 
 from base import BaseTrainer, StepOutput
+from data_loader.transforms import batch_mixing
 from utils import unwrap_model
 from utils.batches import has_length, num_samples
 from utils.data_summary import log_data_summary
@@ -26,18 +27,27 @@ class Trainer(BaseTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        num_classes = getattr(unwrap_model(self.model), "num_classes", None)
         # A classifier's labels must fit its outputs: refused here, before anything is written.
-        self.data.check(getattr(unwrap_model(self.model), "num_classes", None))
+        self.data.check(num_classes)
+        # MixUp / CutMix (config batch_mixing); no_mixing, which changes nothing, when off.
+        self.mix = batch_mixing(num_classes, **self.config["batch_mixing"])
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
         inputs, targets = batch  # images (B, C, H, W); class indices (B,) or any target
-        output = self.model(inputs)  # logits (B, num_classes), or what the model makes
-        loss = self.criterion(output, targets)  # the batch's mean
+        # MixUp / CutMix: mixed images and soft targets (B, num_classes); unchanged when off.
+        mixed_inputs, mixed_targets = self.mix(inputs, targets)
+        output = self.model(mixed_inputs)  # logits (B, num_classes), or what the model makes
+        loss = self.criterion(output, mixed_targets)  # the batch's mean
+        # The metrics compare with the original labels: training accuracy stays a share of
+        # right answers.
         return StepOutput(loss=loss, output=output, target=targets)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
-        # The same computation; the engine runs it in evaluation mode, without gradients.
-        return self.training_step(batch)
+        # Unmixed; the engine runs it in evaluation mode, without gradients.
+        inputs, targets = batch
+        output = self.model(inputs)
+        return StepOutput(loss=self.criterion(output, targets), output=output, target=targets)
 
     def on_train_start(self) -> None:
         """Log the model and the data; show TensorBoard what the model sees."""

@@ -1,6 +1,9 @@
 """A run's objects, built from its config in one place for train.py and test.py."""
 
+import functools
+import inspect
 import logging
+from collections.abc import Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -11,9 +14,44 @@ import model.metric as metric_module
 import model.model as arch_module
 import trainer as trainer_module
 from base import BaseTrainer
-from parse_config import ConfigParser
+from parse_config import ConfigError, ConfigParser
 from utils.distributed import ProcessInfo, is_distributed, once_per_node
 from utils.optim import build_optimizer, freeze
+
+
+def build_loss(config: ConfigParser) -> Callable:
+    """config["loss"]: a function name in model/loss.py, or {"type": NAME, "args": {...}} for
+    one with keyword arguments (e.g. cross_entropy's label_smoothing)."""
+    section = config["loss"]
+    if isinstance(section, str):
+        return config.lookup(loss_module, section, "loss")
+    function = config.lookup(loss_module, section["type"], "loss.type")
+    args = section["args"]
+    try:  # called as function(output, target, **args)
+        inspect.signature(function).bind(None, None, **args)
+    except TypeError as error:
+        raise ConfigError(f"{config.source}: loss.args: {error}") from None
+    return functools.partial(function, **args)
+
+
+def log_learning_rates(
+    config: ConfigParser,
+    optimizer: torch.optim.Optimizer,
+    global_batch: int,
+    logger: logging.Logger,
+) -> None:
+    """The learning rates the run starts from, with the batch they were scaled for."""
+    rates = ", ".join(f"{group['lr']:.4g}" for group in optimizer.param_groups)
+    reference = config["optimizer"]["reference_batch_size"]
+    if reference is None:
+        logger.info("Learning rate(s): %s (global batch %d).", rates, global_batch)
+    else:
+        logger.info(
+            "Learning rate(s): %s: optimizer lr x global batch %d / reference_batch_size %d.",
+            rates,
+            global_batch,
+            reference,
+        )
 
 
 def build_trainer(
@@ -40,15 +78,20 @@ def build_trainer(
     model = model.to(device)
     if info.world_size > 1 and config["distributed"]["sync_bn"]:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    criterion = config.lookup(loss_module, config["loss"], "loss")
+    criterion = build_loss(config)
     metric_fns = {
         name: config.lookup(metric_module, name, f"metrics[{index}]")
         for index, name in enumerate(config["metrics"])
     }
-    optimizer = build_optimizer(config, model, device) if training else None
-    lr_scheduler = None
-    if training and config["lr_scheduler"] is not None:
-        lr_scheduler = config.init_obj("lr_scheduler", torch.optim.lr_scheduler, optimizer)
+    optimizer = None
+    if training:
+        global_batch = (
+            config["data_loader"]["args"]["batch_size"]
+            * info.world_size
+            * config["trainer"]["grad_accum_steps"]
+        )
+        optimizer = build_optimizer(config, model, device, global_batch)
+        log_learning_rates(config, optimizer, global_batch, logger)
     options = config["trainer"]
     if options["channels_last"]:
         model = model.to(memory_format=torch.channels_last)  # NHWC: faster convolutions on GPUs
@@ -62,6 +105,5 @@ def build_trainer(
         model = torch.compile(model, mode=options["compile_mode"])
     return config.init_obj(
         "trainer", trainer_module, model, criterion, metric_fns, optimizer,
-        config=config, device=device, data=data, lr_scheduler=lr_scheduler, logger=logger,
-        rank=info.rank,
+        config=config, device=device, data=data, logger=logger, rank=info.rank,
     )  # fmt: skip

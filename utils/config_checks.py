@@ -85,6 +85,9 @@ PARAM_GROUPS: Check = (
     lambda v: isinstance(v, list),
     'a list of {"params": ..., "lr": ...} objects',
 )
+# In (0, 1]: a probability that may be 1, a decay, a starting fraction.
+PROBABILITY: Check = (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
+SMOOTHING: Check = (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)")
 INTERVAL: Check = (lambda v: v in ("epoch", "step"), "one of ('epoch', 'step')")
 BACKEND: Check = (lambda v: v in (None, "nccl", "gloo"), '"nccl", "gloo" or null (automatic)')
 NONFINITE: Check = choice("stop", "skip")

@@ -138,7 +138,8 @@ def validate(config: dict, source: str) -> dict:
     """Check every key of a config; return a copy with defaults filled in."""
     config = with_defaults(config)
     _check_section(config, Config, "", source)
-    parse_monitor(config["trainer"]["monitor"], config["metrics"], source)
+    ema = config["trainer"]["ema_decay"] is not None
+    parse_monitor(config["trainer"]["monitor"], config["metrics"], source, ema=ema)
     return config
 
 
@@ -168,7 +169,8 @@ def _check_section(values: Any, schema: type, where: str, source: str) -> None:
 
 def _check_field(value: Any, item: dataclasses.Field, where: str, source: str) -> None:
     nested = _nested_schema(item)
-    if nested is not None:
+    # A key that is a name or a section (loss): a name is checked as a value.
+    if nested is not None and not (isinstance(value, str) and str in typing.get_args(item.type)):
         # A section that defaults to null (lr_scheduler) may be null: there is none.
         if not (value is None and item.metadata["default"] is None):
             _check_section(value, nested, where, source)
@@ -195,10 +197,31 @@ def _check_trainer(trainer: dict, source: str) -> None:
 
 
 def _check_scheduler(section: dict, source: str) -> None:
-    if section["type"] in METRIC_SCHEDULERS and section["interval"] == "step":
+    metric_scheduler = section["type"] in METRIC_SCHEDULERS
+    if metric_scheduler and section["interval"] == "step":
         raise ConfigError(
             f'{source}: lr_scheduler.interval: must be "epoch" for {section["type"]}, '
             'which steps on the monitored metric once per epoch; got "step"'
+        )
+    epochs, steps = section["warmup_epochs"], section["warmup_steps"]
+    if epochs and steps:
+        raise ConfigError(
+            f"{source}: lr_scheduler.warmup_steps: set warmup_epochs or warmup_steps, not both"
+        )
+    if (epochs or steps) and metric_scheduler:
+        raise ConfigError(
+            f"{source}: lr_scheduler.warmup_epochs: {section['type']} cannot follow a warmup "
+            "(it steps on a metric, not on a count); warm up with another schedule"
+        )
+    if section["interval"] == "epoch" and steps:
+        raise ConfigError(
+            f'{source}: lr_scheduler.warmup_steps: needs "interval": "step" (this schedule '
+            "steps once per epoch); use warmup_epochs"
+        )
+    if section["interval"] == "epoch" and epochs != int(epochs):
+        raise ConfigError(
+            f"{source}: lr_scheduler.warmup_epochs: must be a whole number of epochs for a "
+            f'schedule that steps once per epoch, got {epochs}; or set "interval": "step"'
         )
 
 
@@ -259,8 +282,11 @@ CROSS_CHECKS: dict[type, Callable[[dict, str], None]] = {
 }
 
 
-def parse_monitor(monitor: str, metric_names: list[str], source: str) -> tuple[str, str]:
-    """'max val/accuracy' -> ('max', 'val/accuracy'); 'off' -> ('off', '')."""
+def parse_monitor(
+    monitor: str, metric_names: list[str], source: str, *, ema: bool = False
+) -> tuple[str, str]:
+    """'max val/accuracy' -> ('max', 'val/accuracy'); 'off' -> ('off', ''). With ema, the
+    averaged weights' validation metrics (val/ema_accuracy) may be monitored too."""
     if monitor == "off":
         return "off", ""
     mode, _, name = monitor.partition(" ")
@@ -272,6 +298,8 @@ def parse_monitor(monitor: str, metric_names: list[str], source: str) -> tuple[s
     known = [
         f"{split}/{metric}" for split in ("val", "train") for metric in ["loss", *metric_names]
     ]
+    if ema:
+        known += [f"val/ema_{metric}" for metric in ["loss", *metric_names]]
     key = f"{match.group(1)}/{match.group(2)}" if match else name.strip()
     if key not in known:
         raise ConfigError(

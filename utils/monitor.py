@@ -7,15 +7,32 @@ class Monitor:
     """Tracks the best value of one metric ("min" or "max" mode; "off" never improves).
 
     update() returns True when the epoch improved on the best so far; should_stop is True
-    after `early_stop` epochs in a row without improvement (0 or None: never).
+    after `early_stop` epochs in a row without improvement (0 or None: never). rank_top_k()
+    keeps the `top_k` best epochs (trainer.save_top_k).
     """
 
-    def __init__(self, mode: str, key: str, early_stop: int | None) -> None:
+    def __init__(self, mode: str, key: str, early_stop: int | None, top_k: int = 0) -> None:
         self.mode = mode
         self.key = key
         self.early_stop = early_stop or 0
         self.best = math.inf if mode == "min" else -math.inf
         self.num_bad_epochs = 0
+        self.top_k = top_k
+        self.top: list[tuple[float, int]] = []  # (value, epoch), best first
+
+    def rank_top_k(self, metrics: dict[str, float], epoch: int) -> tuple[bool, list[int]]:
+        """Whether `epoch` is among the top_k best so far, and the epochs it pushed out. An
+        epoch enters only by beating one of them: an equal value leaves the earlier epoch."""
+        if self.mode == "off" or self.top_k == 0:
+            return False, []
+        sign = 1 if self.mode == "min" else -1
+        # Sorted by (signed value, epoch): ties keep the earlier epoch first.
+        ranked = sorted(
+            [*self.top, (metrics[self.key], epoch)], key=lambda item: (sign * item[0], item[1])
+        )
+        self.top, dropped = ranked[: self.top_k], ranked[self.top_k :]
+        dropped_epochs = [dropped_epoch for _, dropped_epoch in dropped]
+        return epoch not in dropped_epochs, [e for e in dropped_epochs if e != epoch]
 
     def update(self, metrics: dict[str, float]) -> bool:
         if self.mode == "off":
@@ -39,6 +56,7 @@ class Monitor:
             "key": self.key,
             "best": self.best,
             "num_bad_epochs": self.num_bad_epochs,
+            "top": [list(item) for item in self.top],
         }
 
     def load_state_dict(self, state: dict) -> bool:
@@ -47,4 +65,5 @@ class Monitor:
             return False
         self.best = state["best"]
         self.num_bad_epochs = state["num_bad_epochs"]
+        self.top = [(value, epoch) for value, epoch in state.get("top", [])][: self.top_k]
         return True

@@ -1,4 +1,5 @@
 """The trainable parameters and the optimizer, from config: arch.freeze, optimizer.param_groups,
+the weight decay of normalisation layers and biases, learning rates scaled to the global batch,
 and fused optimizer kernels on CUDA."""
 
 import torch
@@ -12,6 +13,12 @@ from utils.util import ConfigValueError
 # Optimizers whose fused CUDA kernels take GradScaler's inf check as a device tensor: with them
 # an fp16 step never waits on the GPU, while GradScaler.step reads it on the host otherwise.
 FUSED_ON_CUDA = ("Adam", "AdamW", "SGD")
+# Layers whose weights scale normalised activations: decaying them towards 0 only fights the
+# normalisation (so torchvision's and timm's recipes exempt them, with every bias).
+NORM_LAYERS = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d,
+    nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm,
+)  # fmt: skip
 
 
 def freeze(config: ConfigParser, model: nn.Module) -> None:
@@ -28,15 +35,22 @@ def freeze(config: ConfigParser, model: nn.Module) -> None:
 
 
 def build_optimizer(
-    config: ConfigParser, model: nn.Module, device: torch.device
+    config: ConfigParser,
+    model: nn.Module,
+    device: torch.device,
+    global_batch: int | None = None,
 ) -> torch.optim.Optimizer:
-    """optimizer.type over the model's trainable parameters, in optimizer.param_groups.
+    """optimizer.type over the model's trainable parameters, in optimizer.param_groups, each
+    split in two when norm_bias_weight_decay is set.
 
-    On CUDA, Adam, AdamW and SGD use their fused kernels unless optimizer.args sets "fused" or
-    "foreach" itself.
+    With reference_batch_size, every learning rate is multiplied by global_batch (per process x
+    processes x accumulation; default: one process) / reference_batch_size. On CUDA, Adam,
+    AdamW and SGD use their fused kernels unless optimizer.args sets "fused" or "foreach".
     """
     section = config["optimizer"]
     groups = parameter_groups(model, section.get("param_groups") or [], config.source)
+    if section["norm_bias_weight_decay"] is not None:
+        groups = split_norm_and_bias(model, groups, section["norm_bias_weight_decay"])
     extra = {}
     args = section["args"]
     if (
@@ -46,7 +60,37 @@ def build_optimizer(
         and not args.get("foreach")
     ):
         extra["fused"] = True
-    return config.init_obj("optimizer", torch.optim, groups, **extra)
+    optimizer = config.init_obj("optimizer", torch.optim, groups, **extra)
+    reference = section["reference_batch_size"]
+    if reference is not None:
+        if global_batch is None:
+            global_batch = (
+                config["data_loader"]["args"]["batch_size"] * config["trainer"]["grad_accum_steps"]
+            )
+        # The linear scaling rule (Goyal et al., 2017): the learning rate grows with the batch.
+        for group in optimizer.param_groups:
+            group["lr"] *= global_batch / reference
+    return optimizer
+
+
+def split_norm_and_bias(model: nn.Module, groups: list[dict], weight_decay: float) -> list[dict]:
+    """Each group as (its other parameters, its normalisation-layer parameters and biases with
+    this weight decay), leaving out an empty half."""
+    special = {
+        id(param)
+        for module in model.modules()
+        for name, param in module.named_parameters(recurse=False)
+        if isinstance(module, NORM_LAYERS) or name == "bias"
+    }
+    split = []
+    for group in groups:
+        rest = [param for param in group["params"] if id(param) not in special]
+        exempt = [param for param in group["params"] if id(param) in special]
+        if rest:
+            split.append({**group, "params": rest})
+        if exempt:
+            split.append({**group, "params": exempt, "weight_decay": weight_decay})
+    return split
 
 
 def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[dict]:

@@ -31,6 +31,7 @@ def checkpoint_state(trainer: "BaseTrainer", epoch: int, metrics: dict[str, floa
         "model": unwrap_model(trainer.model).state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
         "lr_scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler else None,
+        "ema": trainer.ema.state_dict() if trainer.ema is not None else None,
         "grad_scaler": trainer.scaler.state_dict(),
         "monitor": trainer.monitor.state_dict(),
         "metrics": metrics,
@@ -54,6 +55,30 @@ def write_checkpoint(trainer: "BaseTrainer", state: dict, path: Path) -> None:
             old.unlink()
 
 
+def save_best(
+    trainer: "BaseTrainer",
+    state: dict,
+    epoch: int,
+    *,
+    improved: bool,
+    in_top_k: bool,
+    dropped: list[int],
+) -> None:
+    """model_best.pth when the monitored metric improved; the top k epochs (trainer.save_top_k)
+    as model_best-epoch<N>.pth, deleting those that left the top k. Rank 0 only."""
+    if trainer.rank != 0:
+        return
+    if improved:
+        save_checkpoint(state, trainer.checkpoint_dir / "model_best.pth")
+        trainer.logger.info(
+            "Saved model_best.pth (%s %.4g)", trainer.monitor.key, trainer.monitor.best
+        )
+    if in_top_k:
+        save_checkpoint(state, trainer.checkpoint_dir / f"model_best-epoch{epoch}.pth")
+    for old in dropped:
+        (trainer.checkpoint_dir / f"model_best-epoch{old}.pth").unlink(missing_ok=True)
+
+
 def restore(trainer: "BaseTrainer", path: Path) -> None:
     """Load a checkpoint into `trainer`: continue after its epoch (or inside it, for a
     mid-epoch one).
@@ -68,6 +93,8 @@ def restore(trainer: "BaseTrainer", path: Path) -> None:
     # optimizer state onto the training device itself.
     state = load_checkpoint(path, map_location="cpu")
     load_model_state(trainer.model, state, path)
+    if trainer.ema is not None:  # until its first update (then it copies the model anew)
+        load_model_state(trainer.ema.module, state, path)
     if config.fine_tune and not config.continue_run:
         logger.info(
             "Fine-tuning from %s (epoch %d): its weights, in a new run from epoch 1.",
@@ -96,6 +123,8 @@ def restore(trainer: "BaseTrainer", path: Path) -> None:
         except (ValueError, KeyError) as error:
             raise CheckpointError(f"{path}: cannot restore {name} state: {error}") from None
         restored = True
+    if trainer.ema is not None and state.get("ema"):
+        trainer.ema.load_state_dict(state["ema"])
     if state.get("grad_scaler") and trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(state["grad_scaler"])
     if config.fine_tune:

@@ -1,0 +1,301 @@
+"""The training techniques of the ImageNet-grade recipes, each against its definition: warmup and
+derived schedule lengths, label smoothing, MixUp / CutMix, the weight average (EMA), no weight
+decay on normalisation layers and biases, the scaled learning rate, the augmentation presets
+and the top-k checkpoints."""
+
+import json
+import logging
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from conftest import ROOT, shrink
+from PIL import Image
+from torchvision.transforms import v2
+
+from data_loader.transforms import batch_mixing, cifar_transform, imagenet_transform
+from model.model import CifarCNN
+from parse_config import ConfigError, ConfigParser
+from utils import UserError
+from utils.build import build_loss, build_trainer
+from utils.distributed import ProcessInfo
+from utils.monitor import Monitor
+from utils.optim import NORM_LAYERS, build_optimizer
+from utils.schedule import build_scheduler
+
+
+def demo_config(tmp_path, **sections) -> ConfigParser:
+    """The shrunk demo config with whole sections or trainer options replaced."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"].update(tensorboard=False, **sections.pop("trainer", {}))
+    config.update(sections)
+    return ConfigParser(config, source="test.json")
+
+
+def learning_rates(config: ConfigParser, steps_per_epoch: int, num_steps: int) -> list[float]:
+    """The learning rate of steps 0..num_steps-1 under config's schedule, stepped per step."""
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    scheduler = build_scheduler(config, optimizer, steps_per_epoch)
+    rates = []
+    for _ in range(num_steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+# --- schedules ---------------------------------------------------------------------------------
+
+
+def test_linear_warmup_then_cosine_per_step(tmp_path):
+    schedule = {
+        "type": "CosineAnnealingLR", "args": {}, "interval": "step",
+        "warmup_steps": 4, "warmup_start_factor": 0.1,
+    }  # fmt: skip
+    config = demo_config(tmp_path, lr_scheduler=schedule, trainer={"epochs": 2})
+    rates = learning_rates(config, steps_per_epoch=10, num_steps=20)
+    for step in range(5):  # 0.1 x (0.1 -> 1) over 4 steps
+        assert rates[step] == pytest.approx(0.1 * (0.1 + 0.9 * step / 4))
+    # Then the cosine over the rest of the run: T_max = 2 x 10 - 4 steps, derived.
+    for step in range(4, 20):
+        assert rates[step] == pytest.approx(0.1 * (1 + math.cos(math.pi * (step - 4) / 16)) / 2)
+
+
+def test_warmup_in_epochs_for_a_per_epoch_schedule(tmp_path):
+    schedule = {"type": "CosineAnnealingLR", "args": {}, "interval": "epoch", "warmup_epochs": 2}
+    config = demo_config(tmp_path, lr_scheduler=schedule, trainer={"epochs": 6})
+    rates = learning_rates(config, steps_per_epoch=10, num_steps=6)  # one "step" per epoch
+    assert rates[:3] == pytest.approx([0.001, 0.1 * (0.01 + 0.99 / 2), 0.1])
+    assert rates[3:] == pytest.approx(
+        [0.1 * (1 + math.cos(math.pi * k / 4)) / 2 for k in (1, 2, 3)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("schedule", "attribute"),
+    [({"type": "CosineAnnealingLR", "args": {}}, "T_max"),
+     ({"type": "OneCycleLR", "args": {"max_lr": 0.1}}, "total_steps"),
+     ({"type": "PolynomialLR", "args": {}}, "total_iters")],
+)  # fmt: skip
+@pytest.mark.parametrize("epochs", [3, 30])
+def test_schedule_length_follows_the_run(tmp_path, schedule, attribute, epochs):
+    config = demo_config(
+        tmp_path, lr_scheduler={**schedule, "interval": "step"}, trainer={"epochs": epochs}
+    )
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    assert getattr(build_scheduler(config, optimizer, 7), attribute) == epochs * 7
+
+
+def test_a_length_in_the_config_is_kept(tmp_path):
+    schedule = {"type": "CosineAnnealingLR", "args": {"T_max": 5}, "interval": "epoch"}
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    config = demo_config(tmp_path, lr_scheduler=schedule, trainer={"epochs": 30})
+    assert build_scheduler(config, optimizer, 7).T_max == 5
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [({"interval": "epoch", "warmup_steps": 3}, 'needs "interval": "step"'),
+     ({"interval": "epoch", "warmup_epochs": 0.5}, "must be a whole number of epochs"),
+     ({"interval": "step", "warmup_epochs": 1, "warmup_steps": 3}, "not both"),
+     ({"interval": "step", "warmup_start_factor": 0}, "must be a number in (0, 1]")],
+)  # fmt: skip
+def test_bad_warmup_is_a_config_error(tmp_path, schedule, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        demo_config(tmp_path, lr_scheduler={"type": "CosineAnnealingLR", "args": {}, **schedule})
+
+
+def test_warmup_before_reduce_on_plateau_is_refused(tmp_path):
+    schedule = {"type": "ReduceLROnPlateau", "args": {}, "warmup_epochs": 1}
+    with pytest.raises(ConfigError, match="cannot follow a warmup"):
+        demo_config(tmp_path, lr_scheduler=schedule)
+
+
+def test_a_warmup_as_long_as_the_run_is_refused(tmp_path):
+    schedule = {"type": "CosineAnnealingLR", "args": {}, "interval": "epoch", "warmup_epochs": 2}
+    config = demo_config(tmp_path, lr_scheduler=schedule, trainer={"epochs": 2})
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    with pytest.raises(UserError, match="leaves nothing of the run"):
+        build_scheduler(config, optimizer, 10)
+
+
+# --- loss ------------------------------------------------------------------------------------
+
+
+def test_label_smoothing_mixes_in_the_uniform_distribution(tmp_path):
+    config = demo_config(tmp_path, loss={"type": "cross_entropy", "args": {"label_smoothing": 0.1}})
+    criterion = build_loss(config)
+    logits, labels = torch.randn(8, 10), torch.randint(0, 10, (8,))
+    log_probs = logits.log_softmax(dim=1)
+    # (1 - e) x the usual loss + e x the cross-entropy with the uniform distribution.
+    expected = 0.9 * F.nll_loss(log_probs, labels) + 0.1 * -log_probs.mean(dim=1).mean()
+    assert criterion(logits, labels) == pytest.approx(expected.item())
+
+
+@pytest.mark.parametrize(
+    ("loss", "message"),
+    [({"type": "cross_entropy", "args": {"label_smoothing": 1.5}}, "must be a number in [0, 1)"),
+     ({"type": "cross_entropy", "args": {"smoothing": 0.1}}, "loss.args: "),
+     ({"type": "nope"}, "unknown name 'nope'")],
+)  # fmt: skip
+def test_bad_loss_arguments_are_config_errors(tmp_path, loss, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_loss(demo_config(tmp_path, loss=loss))
+
+
+# --- batch mixing ------------------------------------------------------------------------------
+
+
+def labelled_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Eight constant images, image i filled with the value i + 1, labels 0..7."""
+    images = torch.arange(1, 9, dtype=torch.float32).view(8, 1, 1, 1).expand(8, 3, 16, 16)
+    return images.clone(), torch.arange(8)
+
+
+def test_mixup_targets_sum_to_one_and_match_the_mixing_factor():
+    images, labels = labelled_batch()
+    mixed, targets = batch_mixing(10, mixup_alpha=0.4)(images, labels)
+    assert targets.shape == (8, 10) and torch.allclose(targets.sum(dim=1), torch.ones(8))
+    # MixUp blends each image with the previous one of the batch: lam x own + (1 - lam) x rolled.
+    lam = targets[0, 0]
+    assert torch.allclose(targets[torch.arange(8), labels], lam.expand(8))
+    assert torch.allclose(targets[torch.arange(8), labels.roll(1)], (1 - lam).expand(8))
+    assert torch.allclose(mixed, lam * images + (1 - lam) * images.roll(1, dims=0))
+
+
+def test_cutmix_targets_match_the_pasted_area():
+    images, labels = labelled_batch()
+    mixed, targets = batch_mixing(10, cutmix_alpha=1.0)(images, labels)
+    assert torch.allclose(targets.sum(dim=1), torch.ones(8))
+    # CutMix pastes a box of the previous image: the label weight is the share of pixels kept.
+    kept = (mixed == images).float().mean(dim=(1, 2, 3))
+    assert torch.allclose(targets[torch.arange(8), labels], kept)
+    assert torch.equal(
+        (mixed == images) | (mixed == images.roll(1, dims=0)),
+        torch.ones_like(mixed, dtype=torch.bool),
+    )
+
+
+def test_mixing_choice_and_probability_come_from_config():
+    assert isinstance(batch_mixing(10, mixup_alpha=0.2), v2.MixUp)
+    both = batch_mixing(10, mixup_alpha=0.2, cutmix_alpha=1.0, cutmix_prob=0.25)
+    assert isinstance(both, v2.RandomChoice) and both.p == pytest.approx([0.75, 0.25])
+    sometimes = batch_mixing(10, cutmix_alpha=1.0, prob=0.5)
+    assert isinstance(sometimes, v2.RandomApply) and sometimes.p == 0.5
+    images, labels = labelled_batch()
+    assert batch_mixing(10)(images, labels) == (images, labels)  # off: the batch as it is
+
+
+def test_the_training_step_learns_from_mixed_targets_and_scores_the_labels(tmp_path):
+    config = demo_config(tmp_path, batch_mixing={"mixup_alpha": 0.2})
+    trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+    seen = []
+    trainer.criterion = lambda output, target: seen.append(target) or output.sum()
+    images, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+    result = trainer.training_step((images, labels))
+    assert seen[0].shape == (4, 10)  # soft targets reached the loss
+    assert torch.equal(result.target, labels)  # the metrics read the labels
+    trainer.validation_step((images, labels))
+    assert torch.equal(seen[1], labels)  # validation is not mixed
+
+
+# --- the weight average (EMA) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("period", [1, 2])
+def test_ema_equals_the_closed_form_average(tmp_path, period):
+    config = demo_config(tmp_path, trainer={"ema_decay": 0.5, "ema_period": period})
+    trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+    snapshots = []  # the trained model's state after each optimizer step
+    for _ in range(4):
+        trainer.model(torch.randn(8, 3, 32, 32)).square().mean().backward()
+        trainer.optimizer_step()
+        snapshots.append({key: value.clone() for key, value in trainer.model.state_dict().items()})
+    # The first update copies; each later one is ema = 0.5 ema + 0.5 weights.
+    updates = snapshots[period - 1 :: period]
+    expected = updates[0]
+    for snapshot in updates[1:]:
+        expected = {key: 0.5 * expected[key] + 0.5 * snapshot[key] for key in expected}
+    averaged = trainer.ema.module.state_dict()
+    for key, value in expected.items():
+        if snapshots[0][key].is_floating_point():  # weights and BatchNorm statistics alike
+            assert torch.allclose(averaged[key], value), key
+    assert int(trainer.ema.n_averaged) == len(updates)
+
+
+# --- weight decay groups and the learning rate ---------------------------------------------------
+
+
+@pytest.mark.parametrize("network", ["cifar", "resnet18"])
+def test_no_decay_group_holds_exactly_the_norm_and_bias_parameters(tmp_path, network):
+    optimizer_section = {
+        "type": "SGD", "args": {"lr": 0.1, "weight_decay": 5e-4}, "norm_bias_weight_decay": 0.0,
+    }  # fmt: skip
+    config = demo_config(tmp_path, optimizer=optimizer_section)
+    model = CifarCNN(widths=[8, 16]) if network == "cifar" else torchvision.models.resnet18()
+    optimizer = build_optimizer(config, model, torch.device("cpu"))
+    exempt = {
+        id(param)
+        for module in model.modules()
+        for name, param in module.named_parameters(recurse=False)
+        if isinstance(module, NORM_LAYERS) or name == "bias"
+    }
+    assert exempt  # BatchNorm weights and biases, the head's bias
+    decayed, not_decayed = optimizer.param_groups
+    assert decayed["weight_decay"] == 5e-4 and not_decayed["weight_decay"] == 0.0
+    assert {id(param) for param in not_decayed["params"]} == exempt
+    assert all(param.dim() > 1 for param in decayed["params"])  # convolution and linear weights
+    assert len(decayed["params"]) + len(not_decayed["params"]) == len(list(model.parameters()))
+
+
+def test_learning_rates_scale_with_the_global_batch(tmp_path):
+    optimizer_section = {
+        "type": "SGD", "args": {"lr": 0.1}, "reference_batch_size": 256,
+        "param_groups": [{"params": "head", "lr": 0.01}],
+    }  # fmt: skip
+    config = demo_config(tmp_path, optimizer=optimizer_section)
+    model = CifarCNN(widths=[8, 16])
+    # 64 per process x 4 processes x 2 accumulated = 512: twice the reference batch.
+    optimizer = build_optimizer(config, model, torch.device("cpu"), global_batch=64 * 4 * 2)
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([0.2, 0.02])
+
+
+# --- augmentation presets ----------------------------------------------------------------------
+
+
+def test_augmentation_policies_and_random_erasing_are_in_the_training_transform():
+    transform = cifar_transform(True, auto_augment="trivialaugment", random_erasing=0.25)
+    kinds = [type(step) for step in transform.transforms]
+    assert v2.TrivialAugmentWide in kinds and kinds[-1] is v2.RandomErasing
+    assert transform.transforms[-1].p == 0.25
+    plain = [type(step) for step in cifar_transform(False, auto_augment="randaugment").transforms]
+    assert v2.RandAugment not in plain and v2.RandomErasing not in plain
+    policy = imagenet_transform(True, auto_augment="autoaugment").transforms[3]
+    assert policy.policy == v2.AutoAugmentPolicy.IMAGENET
+
+
+def test_train_and_eval_sizes_are_set_separately():
+    image = Image.new("RGB", (400, 300))
+    sizes = {"image_size": 176, "eval_image_size": 224, "eval_resize_size": 232}
+    assert imagenet_transform(True, **sizes)(image).shape == (3, 176, 176)
+    evaluation = imagenet_transform(False, **sizes)
+    assert evaluation.transforms[1].size == [232] and evaluation(image).shape == (3, 224, 224)
+
+
+# --- top-k checkpoints -----------------------------------------------------------------------
+
+
+def test_top_k_keeps_the_best_epochs_and_says_which_left():
+    monitor = Monitor("max", "val/accuracy", early_stop=0, top_k=2)
+    values = [0.5, 0.7, 0.6, 0.7, 0.9, 0.7]
+    ranked = [
+        monitor.rank_top_k({"val/accuracy": value}, epoch)
+        for epoch, value in enumerate(values, start=1)
+    ]
+    assert ranked == [(True, []), (True, []), (True, [1]), (True, [3]), (True, [4]), (False, [])]
+    assert monitor.top == [(0.9, 5), (0.7, 2)]  # epoch 6 tied with epoch 2, which stays
+    restored = Monitor("max", "val/accuracy", early_stop=0, top_k=2)
+    assert restored.load_state_dict(monitor.state_dict()) and restored.top == monitor.top
