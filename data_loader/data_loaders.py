@@ -12,7 +12,7 @@ from torchvision.transforms import v2
 from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.synthetic import SyntheticShapes
-from data_loader.transforms import PRESETS, STATS, cifar_transform
+from data_loader.transforms import PRESETS, STATS, preset_transform
 from utils import ConfigValueError, derive_seed, describe_error
 
 __all__ = [
@@ -39,6 +39,7 @@ class Cifar10DataLoader(BaseDataLoader):
     """torchvision's CIFAR-10: 50,000 training images ("train") and the 10,000 test images ("test")."""
 
     splits = ("train", "test")
+    preset = "cifar"
 
     def __init__(self, data_dir: str, *, download: bool = True, **kwargs: object) -> None:
         super().__init__(**kwargs)
@@ -69,7 +70,7 @@ class Cifar10DataLoader(BaseDataLoader):
             ) from None
 
     def transform(self, augment: bool) -> Callable:
-        return cifar_transform(augment)
+        return preset_transform(self.preset, augment)
 
     def class_names(self) -> list[str]:
         return list(self.dataset("train").classes)
@@ -86,6 +87,8 @@ class ImageFolderDataLoader(BaseDataLoader):
     The "test" split is test/ when present, else val/.
     """
 
+    preset = "imagenet"  # the default; data_loader.args.preset sets this loader's own
+
     def __init__(
         self,
         data_dir: str,
@@ -99,7 +102,7 @@ class ImageFolderDataLoader(BaseDataLoader):
             raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
         self.data_dir = Path(data_dir)
         self.preset = preset
-        self.image_size = image_size or (224 if preset == "imagenet" else 32)
+        self.image_size = image_size
         self.mean, self.std = STATS[preset]
         if not (self.data_dir / "train").is_dir():
             raise DataError(
@@ -131,7 +134,7 @@ class ImageFolderDataLoader(BaseDataLoader):
         return dataset
 
     def transform(self, augment: bool) -> Callable:
-        return PRESETS[self.preset](augment, self.image_size)
+        return preset_transform(self.preset, augment, self.image_size)
 
     def class_names(self) -> list[str]:
         return list(self.dataset("train").classes)
@@ -145,6 +148,7 @@ class SyntheticDataLoader(BaseDataLoader):
     """
 
     splits = ("train", "test")
+    preset = "cifar"
 
     def __init__(
         self, *, num_train: int = 5000, num_test: int = 1000, data_seed: int = 0, **kwargs: object
@@ -161,7 +165,7 @@ class SyntheticDataLoader(BaseDataLoader):
         return SyntheticShapes(self.sizes[split], seed=[self.data_seed, self.splits.index(split)])
 
     def transform(self, augment: bool) -> Callable:
-        return cifar_transform(augment)
+        return preset_transform(self.preset, augment)
 
     def class_names(self) -> list[str]:
         return list(SyntheticShapes.classes)

@@ -5,6 +5,8 @@ from collections.abc import Callable
 import torch
 from torchvision.transforms import v2
 
+from utils import ConfigValueError
+
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -46,3 +48,26 @@ STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar": (CIFAR10_MEAN, CIFAR10_STD),
     "imagenet": (IMAGENET_MEAN, IMAGENET_STD),
 }
+
+# The image size of each preset when data_loader.args.image_size is not set.
+IMAGE_SIZES = {"cifar": 32, "imagenet": 224}
+
+
+def preset_transform(preset: str, augment: bool, image_size: int | None = None) -> Callable:
+    """The transform of `preset` at image_size (default: the preset's own, IMAGE_SIZES)."""
+    if preset not in PRESETS:
+        raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[preset](augment, image_size or IMAGE_SIZES[preset])
+
+
+def evaluation_transform(loader_class: type, loader_args: dict) -> Callable:
+    """The evaluation transform of data_loader.type `loader_class` with data_loader.args, built
+    without reading any data (predict.py and export.py have only the checkpoint): the class's
+    `preset`, or args.preset (ImageFolderDataLoader), at args.image_size."""
+    preset = loader_args.get("preset", getattr(loader_class, "preset", None))
+    if preset is None:
+        raise ConfigValueError(
+            f"{loader_class.__name__} names no transform preset, so its inputs cannot be rebuilt "
+            "from the config alone; set its class attribute `preset` (data_loader/transforms.py)"
+        )
+    return preset_transform(preset, False, loader_args.get("image_size"))
