@@ -1,5 +1,6 @@
 """Transform presets: image (PIL or HWC uint8 array) -> normalised CHW float tensor."""
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -70,4 +71,15 @@ def evaluation_transform(loader_class: type, loader_args: dict) -> Callable:
             f"{loader_class.__name__} names no transform preset, so its inputs cannot be rebuilt "
             "from the config alone; set its class attribute `preset` (data_loader/transforms.py)"
         )
-    return preset_transform(preset, False, loader_args.get("image_size"))
+    if preset not in PRESETS:
+        raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    build = PRESETS[preset]
+    # Every data_loader.args key the preset takes (image_size, and any size option a preset
+    # gains), so that the transform is the run's own and not the preset's defaults.
+    options = {
+        name: loader_args[name]
+        for name in inspect.signature(build).parameters
+        if name != "augment" and name in loader_args
+    }
+    options["image_size"] = options.get("image_size") or IMAGE_SIZES[preset]
+    return build(False, **options)

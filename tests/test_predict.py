@@ -43,6 +43,19 @@ def edited_checkpoint(source: Path, target: Path, edit) -> Path:
     return target
 
 
+@pytest.mark.parametrize("preset", ["cifar", "imagenet"])
+def test_the_transform_from_the_config_alone_is_the_loaders(tmp_path, preset):
+    from data_loader.data_loaders import ImageFolderDataLoader
+    from data_loader.transforms import evaluation_transform
+
+    (tmp_path / "train").mkdir()
+    args = {"data_dir": str(tmp_path), "preset": preset, "image_size": 40, "batch_size": 8}
+    loader = ImageFolderDataLoader(**args, seed=0)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (50, 70, 3), np.uint8))
+    rebuilt = evaluation_transform(ImageFolderDataLoader, {**args, "data_dir": "nowhere"})(image)
+    assert rebuilt.shape == (3, 40, 40) and torch.equal(rebuilt, loader.transform(False)(image))
+
+
 def test_checkpoints_carry_the_class_names(demo_checkpoint):
     assert torch.load(demo_checkpoint, weights_only=True)["class_names"] == CLASSES
 
