@@ -59,6 +59,9 @@ class BaseDataLoader(abc.ABC):
     # The normalisation the transform applies; the TensorBoard image grid undoes it.
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    # The data_loader/transforms.py preset that transform() applies, if any: predict.py and
+    # export.py rebuild the evaluation transform from it and the config alone, without the data.
+    preset: str | None = None
 
     def __init__(
         self,

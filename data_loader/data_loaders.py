@@ -140,6 +140,8 @@ class ImageFolderDataLoader(ImageDataLoader):
     The "test" split is test/ when present, else val/.
     """
 
+    preset = "imagenet"  # the default; data_loader.args.preset sets this loader's own
+
     def __init__(self, data_dir: str, *, preset: str = "imagenet", **kwargs: object) -> None:
         if preset not in PRESETS:
             raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")

@@ -1,6 +1,7 @@
 """Transform presets: image (PIL or HWC uint8 array) -> normalised CHW float tensor, and the
 batch mixing (MixUp / CutMix) of training batches."""
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -124,3 +125,27 @@ def batch_mixing(
         return no_mixing
     mix = mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers, p=weights)
     return mix if prob == 1 else v2.RandomApply([mix], p=prob)
+
+
+def evaluation_transform(loader_class: type, loader_args: dict) -> Callable:
+    """The evaluation transform of data_loader.type `loader_class` with data_loader.args, built
+    without reading any data (predict.py and export.py have only the checkpoint): the class's
+    `preset`, or args.preset (ImageFolderDataLoader), at args.image_size."""
+    preset = loader_args.get("preset", getattr(loader_class, "preset", None))
+    if preset is None:
+        raise ConfigValueError(
+            f"{loader_class.__name__} names no transform preset, so its inputs cannot be rebuilt "
+            "from the config alone; set its class attribute `preset` (data_loader/transforms.py)"
+        )
+    if preset not in PRESETS:
+        raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    build = PRESETS[preset]
+    # Every data_loader.args key the preset takes (image_size, and any size option a preset
+    # gains), so that the transform is the run's own and not the preset's defaults.
+    options = {
+        name: loader_args[name]
+        for name in inspect.signature(build).parameters
+        if name != "augment" and name in loader_args
+    }
+    options["image_size"] = options.get("image_size") or IMAGE_SIZES[preset]
+    return build(False, **options)

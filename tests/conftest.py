@@ -131,3 +131,17 @@ def spawn() -> Callable[..., subprocess.Popen]:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real checkpoint, trained once per session by train.py: the shrunk demo config, 1 epoch
+    on synthetic data. Shared: tests that change it work on a copy."""
+    folder = tmp_path_factory.mktemp("demo_checkpoint")
+    overrides = {"trainer.epochs": 1, "trainer.tensorboard": False}
+    config = write_shrunk(
+        "configs/demo.json", folder / "config.json", folder / "saved", **overrides
+    )
+    result = run_script("train.py", "-c", str(config), "--run-id", "demo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder / "saved" / "models" / "Demo_CifarCNN" / "demo" / "checkpoint-epoch1.pth"

@@ -36,6 +36,8 @@ def checkpoint_state(trainer: "BaseTrainer", epoch: int, metrics: dict[str, floa
         "monitor": trainer.monitor.state_dict(),
         "metrics": metrics,
         "config": trainer.config.config,
+        # predict.py names its predictions with these, without the training data.
+        "class_names": trainer.data.class_names(),
         # One per rank, in rank order: after a mid-epoch resume each rank draws its own
         # dropout and augmentation again, not rank 0's.
         "rng": gather_objects(get_rng_state(trainer.device)),

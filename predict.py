@@ -1,0 +1,204 @@
+"""Predict the classes of images with a checkpoint alone: no config file, no training data.
+
+python predict.py -r saved/models/<name>/<run_id>/model_best.pth photos/ cat.jpg 'more/*.png'
+"""
+
+import argparse
+import csv
+import glob
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Predict the classes of images.")
+    add = parser.add_argument
+    # fmt: off
+    add("-r", "--resume", metavar="CKPT", required=True, help="checkpoint to predict with")
+    add("inputs", nargs="+", metavar="INPUT",
+        help="an image file, a folder (searched recursively for images) or a glob")
+    add("--top-k", type=positive_int, default=5, metavar="K", help="classes per image (default 5)")
+    add("--out", metavar="FILE", help="also write one row per image to FILE.csv or FILE.json")
+    add("--force", action="store_true", help="let --out replace an existing file")
+    add("--batch-size", type=positive_int, default=64, metavar="N", help="default: 64")
+    add("--ema", action="store_true", help="use the averaged weights (trainer.ema_decay)")
+    add("-d", "--device", help="GPUs to use, e.g. 0 (sets CUDA_VISIBLE_DEVICES)")
+    # fmt: on
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.device  # before anything initialises CUDA
+    from utils import UserError
+    from utils.checkpoint import write_text_atomic
+
+    try:
+        out = output_path(args.out, args.force)  # refused before the work, not after it
+        paths = image_paths(args.inputs)
+        rows = predict(args, paths)
+        if out is not None:
+            try:
+                write_text_atomic(out, format_rows(rows, out.suffix.lower()))
+            except OSError as error:
+                raise UserError(f"--out {out}: cannot write ({error.strerror})") from None
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if len(rows) < len(paths):
+        print(
+            f"error: {len(paths) - len(rows)} of {len(paths)} files could not be read (named "
+            "above); the others were predicted",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def output_path(out: str | None, force: bool) -> Path | None:
+    from utils import UserError
+
+    if out is None:
+        return None
+    path = Path(out)
+    if path.suffix.lower() not in (".csv", ".json"):
+        raise UserError(f"--out {out}: must end in .csv or .json")
+    if path.exists() and not force:
+        raise UserError(f"--out {out}: already exists; pass --force to replace it")
+    if not path.parent.is_dir():
+        raise UserError(f"--out {out}: folder {path.parent} not found")
+    return path
+
+
+def image_paths(inputs: list[str]) -> list[Path]:
+    """The files INPUTs name, sorted by path: files as given, folders searched recursively for
+    image files (by extension), globs expanded (recursively with **)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    from utils import UserError
+
+    found: set[Path] = set()
+    for text in inputs:
+        if os.path.lexists(text):
+            named = [Path(text)]
+        else:
+            named = [Path(match) for match in glob.glob(text, recursive=True)]
+        if not named:
+            kind = "matches no file" if glob.has_magic(text) else "no such file or folder"
+            raise UserError(f"{text}: {kind}")
+        files = [path for path in named if not path.is_dir()]
+        for folder in (path for path in named if path.is_dir()):
+            files += [
+                path
+                for path in folder.rglob("*")
+                if path.suffix.lower() in IMG_EXTENSIONS and path.is_file()
+            ]
+        if not files:
+            raise UserError(f"{text}: no image files ({', '.join(IMG_EXTENSIONS)}) in it")
+        found.update(files)
+    # By path components, as ImageFolder orders its samples (class folder, then file name).
+    return sorted(found, key=lambda path: path.parts)
+
+
+def predict(args: argparse.Namespace, paths: list[Path]) -> list[dict]:
+    """One row {"path", "labels", "probabilities"} per readable image, in the order of `paths`;
+    each row is printed as it comes and each unreadable file reported on stderr."""
+    import logging
+
+    import torch
+    from tqdm import tqdm
+
+    from base.base_data_loader import DataError
+    from data_loader.data_loaders import load_image
+    from utils import UserError, amp_dtype, select_device
+    from utils.batches import to_device
+    from utils.inference import input_transform, load_inference_model
+
+    model, config, state = load_inference_model(Path(args.resume), ema=args.ema)
+    transform = input_transform(config)
+    # The run's own evaluation settings: its device, autocast precision and memory format.
+    options = config["trainer"]
+    device = select_device(config["n_gpu"], logging.getLogger("predict"))
+    model = model.to(device)
+    if options["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
+    dtype = amp_dtype(options["amp"])
+    rows: list[dict] = []
+    labels: list[str] = []
+    # Drawn only on a terminal and for more than one batch; rows go to stdout around it.
+    long = len(paths) > args.batch_size
+    progress = tqdm(total=len(paths), unit="image", disable=None if long else True)
+    for start in range(0, len(paths), args.batch_size):
+        images, readable = [], []
+        for path in paths[start : start + args.batch_size]:
+            try:
+                images.append(transform(load_image(str(path))))
+                readable.append(path)
+            except DataError as error:  # reported and skipped: the other images go on
+                progress.write(f"error: {error}", file=sys.stderr)
+        progress.update(len(paths[start : start + args.batch_size]))
+        if not images:
+            continue
+        batch = to_device(torch.stack(images), device, options["channels_last"])  # (B, C, H, W)
+        with torch.inference_mode(), torch.autocast(device.type, dtype, dtype is not None):
+            logits = model(batch)
+        if logits.dim() != 2:
+            raise UserError(
+                f"{args.resume}: predict.py is for classifiers (logits of shape (batch, classes)); "
+                f"this model returns shape {tuple(logits.shape)}"
+            )
+        labels = labels or class_labels(state, logits.shape[1], args.resume)
+        top = logits.float().softmax(dim=1).topk(min(args.top_k, logits.shape[1]), dim=1)
+        for path, values, indices in zip(
+            readable, top.values.tolist(), top.indices.tolist(), strict=True
+        ):
+            names = [labels[index] for index in indices]
+            rows.append({"path": str(path), "labels": names, "probabilities": values})
+            pairs = zip(names, values, strict=True)
+            shown = "  ".join(f"{name} {value:.4f}" for name, value in pairs)
+            progress.write(f"{path}  {shown}", file=sys.stdout)
+    progress.close()
+    return rows
+
+
+def class_labels(state: dict, num_classes: int, path: str) -> list[str]:
+    """The checkpoint's class names; for older checkpoints (none saved), class indices."""
+    names = state.get("class_names") or []
+    if len(names) == num_classes:
+        return list(names)
+    found = f"{len(names)} class names" if names else "no class names (an older checkpoint)"
+    print(
+        f"warning: {path}: {found} for {num_classes} outputs; labels are class indices",
+        file=sys.stderr,
+    )
+    return [str(index) for index in range(num_classes)]
+
+
+def format_rows(rows: list[dict], suffix: str) -> str:
+    """JSON: the rows as they are; CSV: path, label_1, probability_1, label_2, ..."""
+    if suffix == ".json":
+        return json.dumps(rows, indent=2) + "\n"
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    num_top = max((len(row["labels"]) for row in rows), default=0)
+    ranks = range(1, num_top + 1)
+    writer.writerow(["path", *(f"{name}_{k}" for k in ranks for name in ("label", "probability"))])
+    for row in rows:
+        pairs = zip(row["labels"], row["probabilities"], strict=True)
+        writer.writerow([row["path"], *(item for pair in pairs for item in pair)])
+    return buffer.getvalue()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""export.py: files that compute the eager model's logits (the parity check) and load back in
+plain torch, without this repository, for the demo CNN and a torchvision ResNet-18.
+
+ONNX runs only where its optional packages (onnx, onnxscript) are installed, and is skipped with
+the reason otherwise. The checkpoints come from a real train.py run (conftest's demo_checkpoint)
+or are written here as train.py writes them.
+"""
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, run_script
+
+import export
+from utils.inference import load_inference_model
+
+ONNX_MISSING = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+FORMATS = [
+    pytest.param("export", ".pt2", id="export"),
+    pytest.param("torchscript", ".pt", id="torchscript"),
+    pytest.param(
+        "onnx", ".onnx", id="onnx",
+        marks=pytest.mark.skipif(
+            bool(ONNX_MISSING), reason=f"optional packages not installed: {', '.join(ONNX_MISSING)}"
+        ),
+    ),
+]  # fmt: skip
+PARITY = re.compile(
+    r"max \|logit difference\| vs the eager model: (\S+) \(largest \|logit\| (\S+);"
+)
+DOCS = ROOT / "docs" / "predict-export.md"
+SAVE_INPUTS_AND_LOGITS = """
+import numpy
+numpy.save("images.npy", numpy.asarray(images))
+numpy.save("logits.npy", numpy.asarray(logits))
+"""
+
+
+def export_file(checkpoint: Path, format_name: str, out: Path) -> tuple[float, float]:
+    """Run export.py; (the parity difference it printed, the largest |logit|)."""
+    arguments = ["-r", str(checkpoint), "--format", format_name, "--out", str(out)]
+    result = run_script("export.py", *arguments)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = PARITY.search(result.stdout)
+    assert found, result.stdout
+    assert out.is_file() and [path.name for path in out.parent.iterdir()] == [out.name]
+    return float(found.group(1)), float(found.group(2))
+
+
+def snippet(suffix: str) -> str:
+    """The docs' python block that loads a file with this suffix, e.g. model.pt2."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.DOTALL)
+    (block,) = [block for block in blocks if f'"model{suffix}"' in block]
+    return block
+
+
+@pytest.mark.parametrize(("format_name", "suffix"), FORMATS)
+def test_demo_cnn_parity_and_the_docs_way_to_load_it(
+    demo_checkpoint, tmp_path, format_name, suffix
+):
+    out = tmp_path / f"model{suffix}"
+    difference, scale = export_file(demo_checkpoint, format_name, out)
+    assert difference <= export.TOLERANCE and scale > 0.1  # logits large enough to compare
+    print(f"demo CNN {format_name}: logit difference {difference:.3g}, logits up to {scale:.3g}")
+    if format_name == "onnx" and importlib.util.find_spec("onnxruntime") is None:
+        pytest.skip("optional onnxruntime not installed: the docs' ONNX lines need it")
+    # The docs' lines, run by a Python that has only torch (and onnxruntime), not this repository.
+    result = run_script("-c", snippet(suffix) + SAVE_INPUTS_AND_LOGITS, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    images = torch.from_numpy(np.load(tmp_path / "images.npy"))
+    model, _, _ = load_inference_model(demo_checkpoint)
+    with torch.no_grad():
+        expected = model(images)
+    assert expected.shape == (len(images), 10)
+    logits = torch.from_numpy(np.load(tmp_path / "logits.npy"))
+    assert (logits - expected).abs().max() <= export.TOLERANCE
+
+
+@pytest.mark.parametrize(("format_name", "suffix"), FORMATS)
+def test_torchvision_resnet18_parity(tmp_path, format_name, suffix):
+    """configs/finetune.json at 32 pixels, randomly initialised: its ImageNet weights are not
+    downloaded and its data folder does not exist; the checkpoint is all export.py needs."""
+    config = json.loads((ROOT / "configs" / "finetune.json").read_text())
+    config["data_loader"]["args"].update(image_size=32, data_dir=str(tmp_path / "nowhere"))
+    torch.manual_seed(0)
+    from model.model import TorchvisionModel
+
+    model = TorchvisionModel("resnet18", num_classes=10)
+    checkpoint = tmp_path / "checkpoint-epoch1.pth"
+    torch.save({"model": model.state_dict(), "config": config, "epoch": 1}, checkpoint)
+    (tmp_path / "out").mkdir()
+    difference, scale = export_file(checkpoint, format_name, tmp_path / "out" / f"model{suffix}")
+    assert difference <= export.TOLERANCE and scale > 0.1
+    print(f"resnet18 {format_name}: logit difference {difference:.3g}, logits up to {scale:.3g}")
+
+
+def test_ema_exports_the_averaged_weights(demo_checkpoint, tmp_path, capsys):
+    state = torch.load(demo_checkpoint, weights_only=True)
+    averaged = {f"module.{key}": value.clone() for key, value in state["model"].items()}
+    averaged["module.head.weight"].zero_()  # averaged weights whose logits are all zero
+    averaged["module.head.bias"].zero_()
+    state["ema"] = {**averaged, "n_averaged": torch.tensor(3)}
+    torch.save(state, tmp_path / "ema.pth")
+    out = tmp_path / "ema.pt2"
+    assert export.main(["-r", str(tmp_path / "ema.pth"), "--out", str(out), "--ema"]) == 0
+    with torch.inference_mode():
+        logits = torch.export.load(out).module()(torch.randn(3, 3, 32, 32))
+    assert torch.equal(logits, torch.zeros(3, 10))
+
+
+def test_a_parity_failure_writes_nothing(demo_checkpoint, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "model.pt2"
+    exporter = export.EXPORTERS["export"]
+
+    def off_by_a_little(model, inputs, path):
+        run_file = exporter(model, inputs, path)
+        return lambda images: run_file(images) + 1e-3
+
+    monkeypatch.setitem(export.EXPORTERS, "export", off_by_a_little)
+    assert export.main(["-r", str(demo_checkpoint), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "error: export: the exported model's logits differ from the eager model's by 0.001 > "
+        f"0.0001; {out} not written\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+CASES = {
+    "out exists": (["--out", "{t}/kept.pt2"], "--out {t}/kept.pt2: already exists; pass --force"),
+    "wrong suffix": (["--out", "{t}/m.onnx"], "--out {t}/m.onnx: a --format export file must end in"),
+    "no folder": (["--out", "{t}/no/m.pt2"], "--out {t}/no/m.pt2: folder {t}/no not found"),
+    "missing checkpoint": (["-r", "{t}/none.pth", "--out", "{t}/m.pt2"], "{t}/none.pth: checkpoint not found"),
+    "no averaged weights": (["--ema", "--out", "{t}/m.pt2"], "{c}: holds no averaged weights"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_writes_nothing(case, demo_checkpoint, tmp_path, capsys):
+    (tmp_path / "kept.pt2").write_text("keep me")
+    arguments, expected = CASES[case]
+    arguments = [argument.format(t=tmp_path) for argument in arguments]
+    if "-r" not in arguments:
+        arguments = ["-r", str(demo_checkpoint), *arguments]
+    assert export.main(arguments) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: " + expected.format(t=tmp_path, c=demo_checkpoint)), err
+    assert err.count("\n") == 1 and out == ""
+    assert [path.name for path in tmp_path.iterdir()] == ["kept.pt2"]
+    assert (tmp_path / "kept.pt2").read_text() == "keep me"
+
+
+def test_onnx_without_its_packages_names_the_extra(demo_checkpoint, tmp_path, capsys, monkeypatch):
+    find_spec = importlib.util.find_spec
+
+    def without_onnx(name: str, *rest):
+        return None if name in ("onnx", "onnxscript") else find_spec(name, *rest)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_onnx)
+    arguments = ["-r", str(demo_checkpoint), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]
+    assert export.main(arguments) == 2
+    assert capsys.readouterr().err == (
+        "error: --format onnx needs the optional packages onnx and onnxscript (onnx, onnxscript "
+        "not installed): pip install onnx onnxscript onnxruntime (pyproject.toml's onnx extra)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
