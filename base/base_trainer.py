@@ -252,7 +252,7 @@ class BaseTrainer(abc.ABC):
         if self.step_per_batch:
             self.lr_scheduler.step()
         self.global_step += 1
-        # The average's counter stays on the CPU (AveragedModel's default): no host sync here.
+        # One host sync per update (AveragedModel copies its counter to the device).
         if self.ema is not None and self.global_step % self.options["ema_period"] == 0:
             self.ema.update_parameters(unwrap_model(self.model))
 

@@ -186,3 +186,11 @@ def test_imagenet_recipes_train_on_a_tiny_folder(tmp_path: Path, name: str) -> N
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "saved" / "models" / config["name"] / "tiny"
     assert load_checkpoint(run_dir / "checkpoint-epoch2.pth")["global_step"] == 2 * 3
+
+
+def test_batch_mixing_without_classes_is_a_one_line_error(make_config, tmp_path: Path) -> None:
+    config = make_config("configs/denoise.json", batch_mixing={"mixup_alpha": 0.2})
+    result = run_script("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "batch_mixing: needs a classifier" in result.stderr
+    assert not (tmp_path / "saved").exists()

@@ -125,6 +125,14 @@ def restore(trainer: "BaseTrainer", path: Path) -> None:
         except (ValueError, KeyError) as error:
             raise CheckpointError(f"{path}: cannot restore {name} state: {error}") from None
         restored = True
+    saved_epochs = state["config"]["trainer"]["epochs"]
+    if restored and trainer.lr_scheduler is not None and saved_epochs != trainer.epochs:
+        logger.warning(
+            "trainer.epochs changed (%d -> %d): the learning-rate schedule keeps the state, and "
+            "the length, it was saved with; to run a new schedule, fine-tune (-r CKPT -c CONFIG).",
+            saved_epochs,
+            trainer.epochs,
+        )
     if trainer.ema is not None and state.get("ema"):
         trainer.ema.load_state_dict(state["ema"])
     if state.get("grad_scaler") and trainer.scaler.is_enabled():
