@@ -59,9 +59,7 @@ class BaseDataLoader(abc.ABC):
     # The normalisation the transform applies; the TensorBoard image grid undoes it.
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
-    # The data_loader/transforms.py preset that transform() applies, if any: predict.py and
-    # export.py rebuild the evaluation transform from it and the config alone, without the data.
-    preset: str | None = None
+    preset: str | None = None  # transform()'s transforms.py preset: predict.py rebuilds it
 
     def __init__(
         self,
