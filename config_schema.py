@@ -23,6 +23,7 @@ from utils.config_checks import (
     BOOL,
     CLASS_WEIGHTS,
     COMPILE_MODE,
+    DEVICE,
     FOLDS,
     INTERVAL,
     NAME,
@@ -285,8 +286,15 @@ class Config:
     """The whole config.json."""
 
     name: str = key(REQUIRED, NAME, "experiment name: its folder in `saved/models/`, `saved/log/`")
+    device: str = key(
+        "auto",
+        DEVICE,
+        '`"auto"`: CUDA, else Apple MPS, else the CPU; or `"cpu"`, `"cuda"`, `"cuda:N"`, `"mps"`',
+    )
     n_gpu: int = key(
-        1, NON_NEGATIVE_INT, "`0`: CPU; `>= 1`: `cuda:0` if CUDA is available (one GPU a process)"
+        1,
+        NON_NEGATIVE_INT,
+        'with `device` `"auto"`: `0` the CPU; `>= 1` CUDA or MPS if present (one a process)',
     )
     seed: int = key(0, NON_NEGATIVE_INT, "seeds the model, the split and each epoch's draws")
     arch: ArchSection = key(REQUIRED, None, "the model, from `model/model.py`")

@@ -39,12 +39,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.device is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = args.device  # before anything initialises CUDA
     from utils import UserError
     from utils.checkpoint import write_text_atomic
+    from utils.device import gpu_indices
 
     try:
+        if args.device is not None:  # before anything initialises CUDA (importing torch does not)
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         out = output_path(args.out, args.force)  # refused before the work, not after it
         paths = image_paths(args.inputs)
         rows = predict(args, paths)
@@ -121,19 +122,22 @@ def predict(args: argparse.Namespace, paths: list[Path]) -> list[dict]:
 
     from base.base_data_loader import DataError
     from data_loader.data_loaders import load_image
-    from utils import UserError, amp_dtype, select_device
+    from utils import UserError, amp_dtype
     from utils.batches import to_device
+    from utils.device import capabilities, select_device
     from utils.inference import input_transform, load_inference_model
 
     model, config, state = load_inference_model(Path(args.resume), ema=args.ema)
     transform = input_transform(config)
-    # The run's own evaluation settings: its device, autocast precision and memory format.
+    # The device of this machine ("auto" with the run's n_gpu, whatever device the run named:
+    # a checkpoint predicts anywhere); the run's autocast precision where it runs here, and
+    # its memory format.
     options = config["trainer"]
-    device = select_device(config["n_gpu"], logging.getLogger("predict"))
+    device = select_device("auto", config["n_gpu"], logging.getLogger("predict"))
     model = model.to(device)
     if options["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
-    dtype = amp_dtype(options["amp"])
+    dtype = amp_dtype(options["amp"] if options["amp"] in capabilities(device).autocast else None)
     rows: list[dict] = []
     labels: list[str] = []
     # Drawn only on a terminal and for more than one batch; rows go to stdout around it.

@@ -38,12 +38,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.device is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = args.device
     from parse_config import ConfigParser
     from utils import UserError
+    from utils.device import gpu_indices
 
     try:
+        if args.device is not None:  # before anything initialises CUDA (importing torch does not)
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         results = evaluate_checkpoint(ConfigParser.from_args(args), args.split, ema=args.ema)
         if args.json:
             try:
@@ -61,15 +62,16 @@ def evaluate_checkpoint(config: "ConfigParser", split: str, *, ema: bool = False
     import torch
 
     from logger import setup_logging
-    from utils import load_checkpoint, seed_everything, select_device
+    from utils import load_checkpoint, seed_everything
     from utils.build import build_trainer
     from utils.checkpoint import load_model_state
+    from utils.device import run_device
     from utils.distributed import ProcessInfo
 
     setup_logging(None, verbosity=1)
     logger = logging.getLogger("test")
     seed_everything(config["seed"])
-    device = select_device(config["n_gpu"], logger)
+    device = run_device(config, logger, training=False)  # the run's, or --set device=...
     state = load_checkpoint(config.resume, map_location="cpu")
     # The run's own trainer, validation step, precision and memory format: --split val
     # reproduces the validation of the run.

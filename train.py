@@ -44,14 +44,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.device is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = args.device  # before anything initialises CUDA
     from parse_config import ConfigParser
     from utils import UserError
+    from utils.device import gpu_indices
     from utils.run_folder import request_requeue
     from utils.util import Interrupted, TrainingError
 
     try:
+        if args.device is not None:  # before anything initialises CUDA (importing torch does not)
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         run(ConfigParser.from_args(args))
     except (UserError, TrainingError) as error:
         # 2: a mistake in the input, nothing was written; 1: e.g. a non-finite loss.
@@ -69,13 +70,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(config: "ConfigParser") -> None:
     from logger import setup_logging
-    from utils import select_device
+    from utils.device import run_device
     from utils.distributed import barrier, close_distributed, init_distributed, process_info
     from utils.folds import cross_validate
 
     info = process_info()  # rank 0 of 1 without torchrun
     setup_logging(None, verbosity=config["trainer"]["verbosity"], rank=info.rank)
-    device = select_device(config["n_gpu"], logging.getLogger("train"), local_rank=info.local_rank)
+    device = run_device(config, logging.getLogger("train"), info)  # or a one-line error
     init_distributed(info, config["distributed"]["backend"], device)  # under torchrun
     try:
         if config.num_folds is None:
@@ -100,7 +101,7 @@ def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -
     # Console only until every check has passed: a bad input must not leave a run folder behind.
     setup_logging(None, verbosity=verbosity, rank=info.rank)
     seed_everything(config["seed"])
-    configure_torch(config["trainer"])
+    configure_torch(config["trainer"], device)
     if not config.run_id_given:
         config.run_id = default_run_id(config.run_id, broadcast_object)
     trainer = build_trainer(config, info, device, logging.getLogger("train"))

@@ -95,7 +95,7 @@ class BaseDataLoader(abc.ABC):
         self.folds = folds
         self.fold = fold
         self.num_workers = num_workers
-        self.pin_memory = pin_memory and torch.cuda.is_available()
+        self.pin_memory = pin_memory and torch.cuda.is_available()  # build_trainer: by device
         # Both only mean something with worker processes; DataLoader rejects them otherwise.
         self.persistent_workers = persistent_workers and num_workers > 0
         self.prefetch_factor = prefetch_factor if num_workers > 0 else None

@@ -440,7 +440,9 @@ def test_shortcut_value_is_validated(make_config):
         ("name", "a/b", "name: must be a name of letters, digits"),
         ("metrics", "accuracy", 'metrics: must be a list of strings, got "accuracy"'),
         ("loss", "", 'loss: must be a non-empty string, got ""'),
-        ("foo", 1, "foo: unknown key (known: name, n_gpu, seed, arch, "),
+        ("foo", 1, "foo: unknown key (known: name, device, n_gpu, seed, arch, "),
+        ("device", "gpu", 'device: must be "auto", "cpu", "cuda", "cuda:N" (N = 0, 1, ...) or'),
+        ("device", "cuda:", 'device: must be "auto", "cpu", "cuda", "cuda:N"'),
         ("trainer.epoch", 3, "trainer.epoch: unknown key (known: epochs, save_dir, "),
         ("trainer", [1], "trainer: must be an object"),
         (

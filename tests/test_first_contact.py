@@ -128,7 +128,8 @@ def test_tf32_false_turns_off_convolutions_that_torch_runs_in_tf32_by_default(re
     from utils import configure_torch
 
     config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), Path("unused"))
-    configure_torch({**ConfigParser(config, source="t")["trainer"], "tf32": False})
+    trainer_config = {**ConfigParser(config, source="t")["trainer"], "tf32": False}
+    configure_torch(trainer_config, torch.device("cuda"))  # sets flags only, no GPU needed
     assert tf32_enabled() == (False, False)
 
 

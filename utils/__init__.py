@@ -10,7 +10,6 @@ from utils.util import (
     describe_error,
     get_rng_state,
     seed_everything,
-    select_device,
     set_rng_state,
     unwrap_model,
 )
@@ -26,7 +25,6 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "seed_everything",
-    "select_device",
     "set_rng_state",
     "unwrap_model",
 ]

@@ -15,6 +15,7 @@ import model.model as arch_module
 import trainer as trainer_module
 from base import BaseTrainer
 from parse_config import ConfigError, ConfigParser
+from utils.device import capabilities
 from utils.distributed import ProcessInfo, is_distributed, once_per_node
 from utils.optim import build_optimizer, freeze
 
@@ -71,6 +72,9 @@ def build_trainer(
         rank=info.rank,
         num_replicas=info.world_size,
     )
+    # Page-locked memory speeds up copies to CUDA only: the run's device decides, not whether
+    # this machine has a GPU (device "cpu" on a GPU machine, MPS).
+    data.pin_memory = data.pin_memory and capabilities(device).pin_memory
     # Downloads happen once per node, before any rank reads the files.
     once_per_node(data.prepare_data, info)
     model = config.init_obj("arch", arch_module)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from base.base_data_loader import SAMPLERS
+from utils.device import DEVICE_NAME
 
 Check = tuple[Callable[[Any], bool], str]
 
@@ -89,6 +90,10 @@ PARAM_GROUPS: Check = (
 PROBABILITY: Check = (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
 SMOOTHING: Check = (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)")
 INTERVAL: Check = (lambda v: v in ("epoch", "step"), "one of ('epoch', 'step')")
+DEVICE: Check = (
+    lambda v: isinstance(v, str) and DEVICE_NAME.fullmatch(v) is not None,
+    '"auto", "cpu", "cuda", "cuda:N" (N = 0, 1, ...) or "mps"',
+)
 BACKEND: Check = (lambda v: v in (None, "nccl", "gloo"), '"nccl", "gloo" or null (automatic)')
 NONFINITE: Check = choice("stop", "skip")
 AMP: Check = choice(None, "bf16", "fp16")

@@ -21,6 +21,7 @@ class ProcessInfo:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    torchrun: bool = False  # launched by torchrun: it joins a process group, even of one
 
     @property
     def is_main(self) -> bool:
@@ -39,6 +40,7 @@ def process_info() -> ProcessInfo:
         rank=int(os.environ["RANK"]),
         local_rank=int(os.environ.get("LOCAL_RANK", 0)),
         world_size=int(os.environ["WORLD_SIZE"]),
+        torchrun=True,
     )
 
 

@@ -8,6 +8,7 @@ from torch import nn
 from base import BaseModel
 from base.base_model import name_prefixes, under_prefix
 from parse_config import ConfigError, ConfigParser
+from utils.device import capabilities
 from utils.util import ConfigValueError
 
 # Optimizers whose fused CUDA kernels take GradScaler's inf check as a device tensor: with them
@@ -54,7 +55,7 @@ def build_optimizer(
     extra = {}
     args = section["args"]
     if (
-        device.type == "cuda"
+        capabilities(device).fused_optimizers
         and section["type"] in FUSED_ON_CUDA
         and "fused" not in args
         and not args.get("foreach")

@@ -1,6 +1,5 @@
-"""Errors, seeding, RNG state and device selection."""
+"""Errors, seeding, RNG state and torch's global settings."""
 
-import logging
 import os
 import random
 import signal
@@ -56,7 +55,7 @@ def derive_seed(*parts: int) -> int:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (CPU and every CUDA device)."""
+    """Seed python, numpy and torch (the CPU, every CUDA device and MPS)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -64,7 +63,7 @@ def seed_everything(seed: int) -> None:
 
 def get_rng_state(device: torch.device) -> dict:
     """Every global RNG state this process uses, as tensors and built-in types (so that
-    weights_only loading reads it): python, numpy, torch on the CPU and on `device` if CUDA."""
+    weights_only loading reads it): python, numpy, torch on the CPU and on `device` (CUDA, MPS)."""
     version, python_state, gauss = random.getstate()
     _, numpy_keys, numpy_pos, numpy_has_gauss, numpy_gauss = np.random.get_state()
     return {
@@ -79,6 +78,8 @@ def get_rng_state(device: torch.device) -> dict:
         # This process's own GPU only: asking for every device's would start a CUDA context on
         # each GPU of the machine from every rank.
         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        # MPS has one generator, returned as a CPU tensor like the others.
+        "mps": torch.mps.get_rng_state() if device.type == "mps" else None,
     }
 
 
@@ -99,16 +100,21 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     # A checkpoint from the CPU resumed on a GPU (or back) has no state for this device.
     if device.type == "cuda" and cuda_state is not None:
         torch.cuda.set_rng_state(cuda_state, device)
+    if device.type == "mps" and state.get("mps") is not None:  # older checkpoints have none
+        torch.mps.set_rng_state(state["mps"])
 
 
-def configure_torch(trainer_config: dict) -> None:
-    """Apply trainer.deterministic, cudnn_benchmark and tf32 to torch's global settings."""
+def configure_torch(trainer_config: dict, device: torch.device) -> None:
+    """Apply trainer.deterministic, and on CUDA cudnn_benchmark and tf32, to torch's global
+    settings (utils.device.check_options notes those two as ignored elsewhere)."""
     if trainer_config["deterministic"]:
         # Bit-exact reruns: refuse non-deterministic kernels (cuBLAS needs this workspace setting).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    # Speed knobs for CUDA (no effect on the CPU): cuDNN picks the fastest kernels by timing
-    # them; TF32 runs fp32 matrix products on tensor cores with a 10-bit mantissa.
+    if device.type != "cuda":
+        return
+    # Speed knobs for CUDA: cuDNN picks the fastest kernels by timing them; TF32 runs fp32
+    # matrix products on tensor cores with a 10-bit mantissa.
     torch.backends.cudnn.benchmark = trainer_config["cudnn_benchmark"]
     if trainer_config["tf32"] is not None:  # None: torch's own defaults
         set_tf32(trainer_config["tf32"])
@@ -157,15 +163,3 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
             model = model._orig_mod
         else:
             return model
-
-
-def select_device(n_gpu: int, logger: logging.Logger, *, local_rank: int = 0) -> torch.device:
-    """cuda:local_rank when n_gpu > 0 and CUDA is present, else the CPU."""
-    if n_gpu > 0 and torch.cuda.device_count() == 0:
-        logger.info("No CUDA device available: running on the CPU.")
-        return torch.device("cpu")
-    if n_gpu > 1:
-        logger.warning(
-            "n_gpu is %d: one process uses one GPU. Launch with torchrun for several GPUs.", n_gpu
-        )
-    return torch.device("cuda", local_rank) if n_gpu > 0 else torch.device("cpu")
