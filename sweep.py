@@ -88,6 +88,7 @@ def run(args: argparse.Namespace, sweep: "Sweep") -> int:
 
 
 def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
+    """The trials not finished (or pruned) yet, K at once, each recorded as it ends."""
     from utils.sweep_optuna import OptunaTrials
     from utils.sweep_results import (
         DONE,
@@ -108,7 +109,8 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
     else:
         chosen = sweep.trials if args.trial is None else [sweep.trials[args.trial]]
         pending = iter([trial for trial in chosen if read_status(folder, trial) not in DONE])
-    write_sweep_file(args, sweep, study.trials() if study else sweep.trials)
+    listed = study.trials if study else lambda: sweep.trials  # Optuna's grow as it asks
+    write_sweep_file(args, sweep, listed())
     starter = TrialStarter(args, sweep, parallel)
     logger.info(
         "Sweep %s: %d %s trials in %s, %d at once%s.",
@@ -143,7 +145,8 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
         on_epoch=study.on_epoch if study else None,
         requeue_file=starter.requeue_file,
     )
-    summarize_sweep(sweep, study.trials() if study else sweep.trials)
+    write_sweep_file(args, sweep, listed())
+    summarize_sweep(sweep, listed())
     if signum is not None:
         logger.info("Stopped: the same command resumes the sweep.")
         requeue_file = starter.requeue_file
@@ -153,7 +156,8 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
 
 class TrialStarter:
     """Starts a trial: `python train.py -c CONFIG --set ... --run-id trial-NNN` with the
-    environment of its slot (its GPU, its share of the CPU threads)."""
+    environment of its slot (its GPU, its share of the CPU threads). A process of its own, not
+    train.main in this one: see utils/sweep_runner.py."""
 
     def __init__(self, args: argparse.Namespace, sweep: "Sweep", parallel: int) -> None:
         from utils.sweep_runner import visible_gpus

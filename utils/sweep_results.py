@@ -100,7 +100,7 @@ def best_value(run_dir: Path, key: str) -> tuple[float | None, int | None]:
         return None, None
     try:
         state = load_checkpoint(path)
-    except CheckpointError:
+    except CheckpointError:  # damaged: the trial's row shows no value rather than no summary
         return None, None
     value = state["metrics"].get(key)
     return (float(value) if value is not None else None), state["epoch"]

@@ -1,0 +1,416 @@
+"""sweep.py: grid, random and Optuna sweeps of real train.py runs on the shrunk demo config.
+
+Bad specs, the space, the summary and the trial environment are checked in-process; the sweeps
+themselves run as subprocesses, each trial a real train.py run of one or two tiny epochs.
+"""
+
+import csv
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_script
+
+import sweep
+from utils import save_checkpoint
+from utils.sweep_results import summarize
+from utils.sweep_runner import outcome, run_trials, start_process, trial_environment
+from utils.sweep_space import Trial, build_space, grid_trials, random_trials
+
+NAME = "Demo_CifarCNN"
+TINY = {"trainer.epochs": 1, "trainer.tensorboard": False}
+TINY.update({"data_loader.args.num_train": 128, "data_loader.args.num_test": 32})
+
+
+def sweep_dir(config: Path, name: str) -> Path:
+    return config.parent / "saved" / "sweeps" / name
+
+
+def read_summary(folder: Path) -> list[dict]:
+    with open(folder / "sweep_summary.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def best_metric(run_dir: str, key: str = "val/accuracy") -> float:
+    return torch.load(Path(run_dir) / "model_best.pth", weights_only=True)["metrics"][key]
+
+
+def assert_ranked_by_checkpoints(rows: list[dict], num_trials: int) -> None:
+    """Every trial finished, ranked 1..N by its model_best.pth's val/accuracy, highest first."""
+    assert [row["rank"] for row in rows] == [str(rank) for rank in range(1, num_trials + 1)]
+    assert all(row["status"] == "finished" for row in rows), rows
+    values = [best_metric(row["run_dir"]) for row in rows]
+    assert [float(row["val/accuracy"]) for row in rows] == values
+    assert values == sorted(values, reverse=True)
+
+
+# --- the space and bad specs, in-process ----------------------------------------------------
+
+
+def space(**flags) -> list:
+    empty = dict(grid=[], uniform=[], log_uniform=[], choice=[], num_random=None, num_optuna=None)
+    return build_space(**{**empty, **flags})[1]
+
+
+def test_a_grid_is_every_combination_the_last_varying_fastest():
+    dimensions = space(grid=["optimizer.args.lr=[0.1,0.01]", 'arch.args.widths=[[8],[8,16],"x"]'])
+    trials = grid_trials(dimensions)
+    assert [trial.values for trial in trials[:4]] == [
+        {"optimizer.args.lr": 0.1, "arch.args.widths": [8]},
+        {"optimizer.args.lr": 0.1, "arch.args.widths": [8, 16]},
+        {"optimizer.args.lr": 0.1, "arch.args.widths": "x"},
+        {"optimizer.args.lr": 0.01, "arch.args.widths": [8]},
+    ]
+    assert len(trials) == 6 and trials[5].name == "trial-005"
+
+
+def test_random_draws_follow_the_seed_and_stay_in_their_ranges():
+    dimensions = space(
+        uniform=["trainer.x=0.2,0.4"],
+        log_uniform=["optimizer.args.lr=1e-5,1e-1"],
+        choice=["seed=[1,2,3]"],
+        num_random=40,
+    )
+    trials = random_trials(dimensions, 40, seed=7)
+    assert trials == random_trials(dimensions, 40, seed=7)
+    assert trials[:3] == random_trials(dimensions, 3, seed=7)  # more trials extend a sweep
+    assert trials != random_trials(dimensions, 40, seed=8)
+    rates = [trial.values["optimizer.args.lr"] for trial in trials]
+    assert all(0.2 <= trial.values["trainer.x"] <= 0.4 for trial in trials)
+    assert all(1e-5 <= rate <= 1e-1 for rate in rates)
+    assert min(rates) < 1e-3 < max(rates)  # log scale: small rates as likely as large ones
+    assert {trial.values["seed"] for trial in trials} == {1, 2, 3}
+
+
+BAD_SPECS = [
+    (["--grid", "optimizer.args.lrr=[0.1]"], "optimizer.args.lrr: not in the config"),
+    (["--grid", "optimizer.args.lr=[]"], "expected a non-empty JSON list"),
+    (["--random", "2", "--uniform", "optimizer.args.lr=0.1,0.01"], "LOW must be below HIGH"),
+    (["--random", "2", "--log-uniform", "optimizer.args.lr=0,1"], "LOW must be > 0"),
+    (["--grid", "seed=[1]", "--random", "2", "--choice", "seed=[2]"], "does not mix"),
+    (["--grid", "optimizer.args.lr=[0.1,-1]"], "optimizer.args.lr: must be a number > 0, got -1"),
+    (["--grid", "seed=[1]", "--set", "trainer.monitor=off"], "a sweep ranks its trials by it"),
+    (["--grid", "seed=[1]", "--submit"], "--submit: only with --slurm"),
+    (["--grid", "seed=[1,2]", "--trial", "2"], "this sweep has trials 0 to 1"),
+    (["--optuna", "2", "--uniform", "optimizer.args.lr=1,2", "--slurm"], "not with --optuna"),
+]
+
+
+@pytest.mark.parametrize(("flags", "expected"), BAD_SPECS, ids=[e for _, e in BAD_SPECS])
+def test_a_bad_spec_is_one_line_before_anything_runs(
+    make_config, tmp_path, capsys, flags, expected
+):
+    config = make_config(**TINY)
+    assert sweep.main(["-c", str(config), *flags]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1 and expected in error, error
+    assert not (tmp_path / "saved").exists()
+
+
+def test_optuna_missing_is_named(make_config, capsys, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        "importlib.util.find_spec",
+        lambda name, *args: None if name == "optuna" else find_spec(name, *args),
+    )
+    argv = ["-c", str(make_config(**TINY)), "--optuna", "2", "--uniform", "optimizer.args.lr=1,2"]
+    assert sweep.main(argv) == 2
+    assert "--optuna: needs the optuna package (pip install optuna)" in capsys.readouterr().err
+
+
+def test_another_space_under_the_same_name_is_refused(make_config, capsys):
+    """--slurm writes sweep.json without running anything: enough to define a sweep."""
+    base = ["-c", str(make_config(**TINY)), "--name", "s", "--slurm"]
+    drawn = ["--log-uniform", "optimizer.args.lr=1e-4,1e-2"]
+    assert sweep.main([*base, "--random", "3", *drawn]) == 0
+    assert sweep.main([*base, "--random", "5", *drawn]) == 0  # more trials: the same sweep
+    assert sweep.main([*base, "--random", "4", *drawn]) == 2
+    assert "this sweep has 5 trials; ask for 5 or more" in capsys.readouterr().err
+    assert sweep.main([*base, "--random", "5", "--log-uniform", "optimizer.args.lr=1e-4,1e-1"]) == 2
+    assert "this sweep was started with another space; choose another --name" in (
+        capsys.readouterr().err
+    )
+    assert sweep.main([*base, "--random", "5", *drawn, "--set", "trainer.epochs=2"]) == 2
+    assert "started with another base config" in capsys.readouterr().err
+
+
+def test_the_summary_ranks_finished_trials_and_leaves_the_others_unranked(tmp_path):
+    trials = [(Trial(index, {"seed": index}), tmp_path / f"run{index}") for index in range(4)]
+    for (trial, run_dir), loss, status in zip(
+        trials, [0.5, 0.2, 0.1, 0.3], ["finished", "finished", "failed", "finished"], strict=True
+    ):
+        run_dir.mkdir()
+        state = {"model": {}, "config": {}, "epoch": 2, "metrics": {"val/loss": loss}}
+        save_checkpoint(state, run_dir / "model_best.pth")
+        record = tmp_path / "trials" / f"{trial.name}.json"
+        record.parent.mkdir(exist_ok=True)
+        record.write_text(json.dumps({"status": status}))
+    rows = summarize(tmp_path, trials, mode="min", key="val/loss")
+    assert [(row["rank"], row["trial"], row["value"]) for row in rows] == [
+        (1, "trial-001", 0.2),
+        (2, "trial-003", 0.3),
+        (3, "trial-000", 0.5),
+        (None, "trial-002", 0.1),  # failed: its value is shown, not ranked
+    ]
+
+
+def test_parallel_trials_get_their_own_gpu_and_a_share_of_the_cores():
+    def environment(slot: int, **options) -> dict:
+        options = {"parallel": 3, "gpus": [], "num_cpus": 8, "environ": {}, **options}
+        return trial_environment(slot, **options)
+
+    assert environment(0)["OMP_NUM_THREADS"] == "2"  # 8 cores / 3 trials
+    assert environment(0, environ={"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in environment(0, parallel=1)
+    gpus = [environment(slot, gpus=["4", "6"])["CUDA_VISIBLE_DEVICES"] for slot in range(3)]
+    assert gpus == ["4", "6", "4"]  # more trials than GPUs: they share, round-robin
+
+
+def test_the_status_of_an_ended_trial():
+    assert outcome(0, pruned=False, stopping=False, requeued=False) == "finished"
+    assert outcome(1, pruned=False, stopping=False, requeued=False) == "failed"
+    assert outcome(143, pruned=False, stopping=False, requeued=False) == "interrupted"
+    assert outcome(1, pruned=False, stopping=True, requeued=False) == "interrupted"
+    assert outcome(0, pruned=False, stopping=True, requeued=True) == "interrupted"
+    assert outcome(143, pruned=True, stopping=False, requeued=False) == "pruned"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_trial_does_not_outlive_its_sweep(tmp_path, spawn):
+    """A sweep killed with SIGKILL takes its trials down (with SIGTERM, so they save)."""
+    child_pid = tmp_path / "child.pid"
+    code = (
+        "import sys, time; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
+        "from utils.sweep_runner import start_process;"
+        "child = start_process([sys.executable, '-c', 'import time; time.sleep(60)'], {},"
+        " Path(sys.argv[2]) / 'child.log');"
+        "Path(sys.argv[2], 'child.pid').write_text(str(child.pid)); time.sleep(60)"
+    )
+    parent = spawn([sys.executable, "-c", code, str(ROOT), str(tmp_path)])
+    deadline = time.monotonic() + 30
+    while not child_pid.exists():
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = int(child_pid.read_text())
+    parent.kill()
+    parent.wait()
+    while running(pid):
+        assert time.monotonic() < deadline, "the trial outlived its sweep"
+        time.sleep(0.05)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+# --- real sweeps -----------------------------------------------------------------------------
+
+
+def test_a_grid_runs_two_at_once_ranks_its_trials_and_skips_them_when_run_again(make_config):
+    config = make_config(**TINY)
+    command = ["sweep.py", "-c", str(config), "--name", "lr", "--parallel", "2"]
+    command += ["--set", "data_loader.args.batch_size=16"]
+    command += ["--grid", "optimizer.args.lr=[0.03,0.001]", "--grid", "seed=[1,2]"]
+    result = run_script(*command)
+    assert result.returncode == 0, result.stderr + result.stdout
+    folder = sweep_dir(config, "lr")
+    rows = read_summary(folder)
+    assert_ranked_by_checkpoints(rows, 4)
+    # Each trial is an ordinary run whose own config.json holds its values.
+    for row in rows:
+        run_config = json.loads((Path(row["run_dir"]) / "config.json").read_text())
+        assert run_config["optimizer"]["args"]["lr"] == float(row["optimizer.args.lr"])
+        assert run_config["seed"] == int(row["seed"])
+        assert run_config["data_loader"]["args"]["batch_size"] == 16  # --set, in every trial
+        assert Path(row["run_dir"]) == folder / "models" / NAME / row["trial"]
+    # Two at once: the second trial started before the first one ended.
+    log = (folder / "info.log").read_text()
+    assert log.index("trial-001 started") < log.index("trial-000 finished")
+    assert json.loads((folder / "sweep.json").read_text())["trials"][3]["values"] == {
+        "optimizer.args.lr": 0.001,
+        "seed": 2,
+    }
+    assert "val/accuracy" in result.stdout and "trial-003" in result.stdout  # the top rows
+
+    checkpoints = sorted(folder.glob("models/*/*/*.pth"))
+    mtimes = [path.stat().st_mtime_ns for path in checkpoints]
+    again = run_script(*command)
+    assert again.returncode == 0, again.stderr
+    assert "started" not in again.stdout
+    assert [path.stat().st_mtime_ns for path in checkpoints] == mtimes
+    assert read_summary(folder) == rows
+
+
+def write_tool(folder: Path, name: str, body: str) -> None:
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def slurm_array(make_config, tmp_path) -> tuple[Path, dict]:
+    """A 2-trial grid written as a job array and submitted to a fake sbatch; the folder of the
+    sweep and the environment of a machine whose sbatch and scontrol log their arguments."""
+    config = make_config(**{**TINY, "trainer.epochs": 2, "trainer.len_epoch": 40})
+    tools, calls = tmp_path / "bin", tmp_path / "calls.log"
+    write_tool(tools, "sbatch", f'echo "sbatch $*" >> {calls}\necho "Submitted batch job 77"\n')
+    write_tool(tools, "scontrol", f'echo "scontrol $*" >> {calls}\n')
+    env = {"PATH": f"{tools}:{os.environ['PATH']}"}
+    grid = ["--grid", "optimizer.args.lr=[0.01,0.001]", "--parallel", "2"]
+    result = run_script(
+        "sweep.py", "-c", str(config), "--name", "array", *grid, "--slurm", "--submit", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    folder = sweep_dir(config, "array")
+    assert "Submitted batch job 77" in result.stdout
+    assert calls.read_text() == f"sbatch {folder / 'sweep.sbatch'}\n"
+    assert not (folder / "models").exists()  # nothing ran here
+    return folder, {**env, "SLURM_ARRAY_JOB_ID": "77", "CALLS": str(calls)}
+
+
+def test_slurm_writes_and_submits_a_job_array(slurm_array):
+    folder, _ = slurm_array
+    script = (folder / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=0-1%2\n" in script  # 2 trials, at most 2 at once
+    assert "#SBATCH --signal=B:USR1@120\n" in script and "#SBATCH --requeue\n" in script
+    assert '--trial "$SLURM_ARRAY_TASK_ID" --requeue-file "$requeue_file"' in script
+    assert "--grid 'optimizer.args.lr=[0.01,0.001]'" in script
+
+
+@pytest.mark.slow
+def test_an_array_task_runs_its_trial_and_requeues_at_the_time_limit(slurm_array, spawn):
+    folder, env = slurm_array
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env, "SLURM_ARRAY_TASK_ID": "1"}
+    run_dir = folder / "models" / NAME / "trial-001"
+    task = spawn(
+        ["bash", str(folder / "sweep.sbatch")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoint-epoch1.pth").exists():
+        assert task.poll() is None and time.monotonic() < deadline, task.communicate()[0]
+        time.sleep(0.02)
+    task.send_signal(signal.SIGUSR1)  # what SLURM sends the batch shell before the time limit
+    output = task.communicate(timeout=120)[0]
+    assert task.returncode == 0, output
+    assert Path(env["CALLS"]).read_text().splitlines()[-1] == "scontrol requeue 77_1"
+    assert json.loads((folder / "trials" / "trial-001.json").read_text())["status"] == "interrupted"
+
+    # The requeued task resumes its trial and finishes it; trial 0 has not run.
+    again = subprocess.run(
+        ["bash", str(folder / "sweep.sbatch")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Resumed from" in (folder / "trials" / "trial-001.log").read_text()
+    rows = read_summary(folder)
+    assert [(row["trial"], row["status"]) for row in rows] == [
+        ("trial-001", "finished"),
+        ("trial-000", "pending"),
+    ]
+
+
+@pytest.mark.slow
+def test_a_stopped_random_sweep_resumes_without_running_finished_trials_again(make_config, spawn):
+    config = make_config(**{**TINY, "trainer.epochs": 3, "trainer.len_epoch": 30})
+    command = [sys.executable, "sweep.py", "-c", str(config), "--name", "drawn", "--random", "3"]
+    command += ["--log-uniform", "optimizer.args.lr=1e-4,1e-1", "--choice", "seed=[1,2]"]
+    folder = sweep_dir(config, "drawn")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    first = spawn(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    second_run = folder / "models" / NAME / "trial-001"
+    deadline = time.monotonic() + 120
+    while not (second_run / "checkpoint-epoch1.pth").exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.02)
+    first.send_signal(signal.SIGTERM)  # passed on to trial 1, which saves and stops
+    output = first.communicate(timeout=60)[0]
+    assert first.returncode == 128 + signal.SIGTERM, output
+    statuses = [row["status"] for row in read_summary(folder)]
+    assert statuses == ["finished", "interrupted", "pending"], output
+
+    finished = folder / "models" / NAME / "trial-000"
+    mtimes = {path: path.stat().st_mtime_ns for path in finished.iterdir()}
+    log = (folder / "trials" / "trial-000.log").read_text()
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "trial-000 started" not in again.stdout
+    assert {path: path.stat().st_mtime_ns for path in finished.iterdir()} == mtimes
+    assert (folder / "trials" / "trial-000.log").read_text() == log
+    assert "Resumed from" in (folder / "trials" / "trial-001.log").read_text()
+    assert_ranked_by_checkpoints(read_summary(folder), 3)
+
+
+@pytest.mark.slow
+def test_pruning_stops_a_trial_after_the_epoch_that_was_pruned(make_config, tmp_path):
+    config = make_config(**{**TINY, "trainer.epochs": 3, "trainer.len_epoch": 30})
+    run_dir = tmp_path / "saved" / "models" / NAME / "pruned"
+    command = [sys.executable, str(ROOT / "train.py"), "-c", str(config), "--run-id", "pruned"]
+    trials, seen, ended = iter([Trial(0, {})]), [], []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def start(trial: Trial, slot: int) -> tuple[subprocess.Popen, Path]:
+        return start_process(command, env, tmp_path / "trial.log"), run_dir
+
+    def on_epoch(trial: Trial, epoch: int, metrics: dict) -> bool:
+        seen.append((epoch, metrics["val/accuracy"]))
+        return True  # prune at the first epoch reported
+
+    def finish(trial: Trial, status: str, code: int, seconds: float) -> None:
+        ended.append((status, code))
+
+    stopped = run_trials(lambda: next(trials, None), start, finish, parallel=1, on_epoch=on_epoch)
+    assert stopped is None
+    assert ended == [("pruned", 128 + signal.SIGTERM)], (tmp_path / "trial.log").read_text()
+    first = torch.load(run_dir / "checkpoint-epoch1.pth", weights_only=True)
+    assert seen == [(1, first["metrics"]["val/accuracy"])]
+    assert not (run_dir / "checkpoint-epoch3.pth").exists()
+
+
+@pytest.mark.slow
+def test_optuna_reports_every_epoch_and_ranks_its_trials(make_config):
+    optuna = pytest.importorskip("optuna")
+    config = make_config(**{**TINY, "trainer.epochs": 2})
+    command = ["sweep.py", "-c", str(config), "--name", "tpe", "--optuna", "3"]
+    command += [
+        "--log-uniform",
+        "optimizer.args.lr=1e-4,1e-1",
+        "--choice",
+        "arch.args.widths=[[8],[8,16]]",
+    ]
+    result = run_script(*command)
+    assert result.returncode == 0, result.stderr + result.stdout
+    folder = sweep_dir(config, "tpe")
+    rows = read_summary(folder)
+    assert_ranked_by_checkpoints(rows, 3)
+    study = optuna.load_study(study_name="tpe", storage=f"sqlite:///{folder / 'optuna.db'}")
+    for trial in study.trials:
+        run_dir = folder / "models" / NAME / f"trial-{trial.number:03d}"
+        epochs = [
+            torch.load(run_dir / f"checkpoint-epoch{epoch}.pth", weights_only=True)
+            for epoch in (1, 2)
+        ]
+        assert trial.intermediate_values == {
+            epoch: state["metrics"]["val/accuracy"]
+            for epoch, state in zip((1, 2), epochs, strict=True)
+        }
+        assert trial.value == best_metric(str(run_dir))
+        run_config = json.loads((run_dir / "config.json").read_text())
+        assert json.dumps(run_config["arch"]["args"]["widths"]) == trial.params["arch.args.widths"]
