@@ -414,3 +414,28 @@ def test_optuna_reports_every_epoch_and_ranks_its_trials(make_config):
         assert trial.value == best_metric(str(run_dir))
         run_config = json.loads((run_dir / "config.json").read_text())
         assert json.dumps(run_config["arch"]["args"]["widths"]) == trial.params["arch.args.widths"]
+
+
+def test_a_resumed_optuna_study_continues_its_trial_and_draws_new_values(tmp_path):
+    pytest.importorskip("optuna")
+    from utils.sweep_optuna import OptunaTrials
+    from utils.sweep_plan import Sweep
+
+    dimensions = space(log_uniform=["optimizer.args.lr=1e-4,1e-1"], num_optuna=3)
+    study = Sweep(name="tpe", sweep_dir=tmp_path, method="optuna", dimensions=dimensions,
+                  trials=[], num_trials=3, seed=0, base={}, monitor="max val/accuracy",
+                  mode="max", key="val/accuracy")  # fmt: skip
+    first = OptunaTrials(study)
+    done, stopped = first.next_trial(), first.next_trial()
+    assert first.on_epoch(done, 1, {"val/accuracy": 0.5}) is False  # no pruning this early
+    first.finish(done, "finished", 0.5)
+    first.finish(stopped, "interrupted", None)
+
+    # The next run of the sweep: the interrupted trial first, with its values, then a new one.
+    again = OptunaTrials(study)
+    assert again.next_trial() == stopped
+    new = again.next_trial()
+    assert new.index == 2 and new.values not in (done.values, stopped.values)
+    assert again.next_trial() is None  # the study has its 3 trials
+    assert [trial.state.name for trial in again.study.trials] == ["COMPLETE", "RUNNING", "RUNNING"]
+    assert again.study.trials[0].intermediate_values == {1: 0.5}

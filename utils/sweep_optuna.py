@@ -17,6 +17,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from utils.sweep_space import Dimension, SweepError, Trial
+from utils.util import derive_seed
 
 if TYPE_CHECKING:
     from utils.sweep_plan import Sweep
@@ -37,12 +38,19 @@ class OptunaTrials:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep logs each trial itself
         self.optuna, self.dimensions, self.key = optuna, sweep.dimensions, sweep.key
         self.num_trials = sweep.num_trials
+        storage = f"sqlite:///{(sweep.sweep_dir / 'optuna.db').resolve()}"
+        try:
+            num_before = len(optuna.load_study(study_name=sweep.name, storage=storage).trials)
+        except KeyError:  # a new study
+            num_before = 0
         self.study = optuna.create_study(
-            storage=f"sqlite:///{(sweep.sweep_dir / 'optuna.db').resolve()}",
+            storage=storage,
             study_name=sweep.name,
             load_if_exists=True,
             direction="maximize" if sweep.mode == "max" else "minimize",
-            sampler=optuna.samplers.TPESampler(seed=sweep.seed),
+            # The sampler's random stream starts afresh in each run of the sweep: seeded by
+            # --seed alone, a resumed study would draw the values of its first trials again.
+            sampler=optuna.samplers.TPESampler(seed=derive_seed(sweep.seed, num_before) % 2**32),
             pruner=optuna.pruners.MedianPruner(),
         )
         running = optuna.trial.TrialState.RUNNING
