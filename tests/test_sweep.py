@@ -253,6 +253,21 @@ def test_a_grid_runs_two_at_once_ranks_its_trials_and_skips_them_when_run_again(
     assert read_summary(folder) == rows
 
 
+def test_a_failed_trial_is_recorded_and_the_sweep_goes_on(make_config):
+    config = make_config(**TINY)
+    # Six halvings of a 32-pixel image: the model's constructor refuses it when the trial starts.
+    widths = "arch.args.widths=[[8,16,32,64,128,256],[8]]"
+    result = run_script("sweep.py", "-c", str(config), "--name", "bad", "--grid", widths)
+    assert result.returncode == 1, result.stderr
+    assert "trial-000 failed (exit code 2): error: " in result.stdout  # the log's console
+    assert "too small for 6 blocks" in result.stdout
+    rows = read_summary(sweep_dir(config, "bad"))
+    assert [(row["rank"], row["trial"], row["status"]) for row in rows] == [
+        ("1", "trial-001", "finished"),
+        ("", "trial-000", "failed"),
+    ]
+
+
 def write_tool(folder: Path, name: str, body: str) -> None:
     folder.mkdir(exist_ok=True)
     path = folder / name
