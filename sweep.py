@@ -165,7 +165,8 @@ class TrialStarter:
         self.args, self.sweep, self.parallel = args, sweep, parallel
         self.requeue_file = Path(args.requeue_file) if args.requeue_file else None
         # An array task keeps the GPU SLURM gave it.
-        self.gpus = [] if args.trial is not None else visible_gpus(sweep.base["n_gpu"], os.environ)
+        device, n_gpu = sweep.base["device"], sweep.base["n_gpu"]
+        self.gpus = [] if args.trial is not None else visible_gpus(device, n_gpu, os.environ)
 
     def start(self, trial: "Trial", slot: int) -> tuple[subprocess.Popen, Path]:
         from utils.sweep_results import record_path
@@ -256,6 +257,9 @@ def write_job(args: argparse.Namespace, sweep: "Sweep") -> int:
         ]
     if args.random is not None:
         arguments += ["--random", str(args.random)]
+    # One GPU a task, unless the config trains elsewhere ("cpu", "mps", "auto" with n_gpu 0).
+    device, n_gpu = sweep.base["device"], sweep.base["n_gpu"]
+    uses_gpu = device.startswith("cuda") or (device == "auto" and n_gpu > 0)
     script = sweep.sweep_dir / "sweep.sbatch"
     text = job_script(
         name=sweep.name,
@@ -263,7 +267,7 @@ def write_job(args: argparse.Namespace, sweep: "Sweep") -> int:
         num_trials=sweep.num_trials,
         command=[sys.executable, str(Path(__file__).resolve()), *arguments],
         parallel=args.parallel,
-        gpus=sweep.base["n_gpu"] > 0,
+        gpus=uses_gpu,
     )
     write_text_atomic(script, text)
     script.chmod(0o755)

@@ -21,7 +21,13 @@ from conftest import ROOT, run_script
 import sweep
 from utils import save_checkpoint
 from utils.sweep_results import summarize
-from utils.sweep_runner import outcome, run_trials, start_process, trial_environment
+from utils.sweep_runner import (
+    outcome,
+    run_trials,
+    start_process,
+    trial_environment,
+    visible_gpus,
+)
 from utils.sweep_space import Trial, build_space, grid_trials, random_trials
 
 NAME = "Demo_CifarCNN"
@@ -171,6 +177,16 @@ def test_parallel_trials_get_their_own_gpu_and_a_share_of_the_cores():
     assert "OMP_NUM_THREADS" not in environment(0, parallel=1)
     gpus = [environment(slot, gpus=["4", "6"])["CUDA_VISIBLE_DEVICES"] for slot in range(3)]
     assert gpus == ["4", "6", "4"]  # more trials than GPUs: they share, round-robin
+
+
+def test_the_gpus_shared_out_follow_the_device_key(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert visible_gpus("auto", 1, {}) == ["0", "1"]
+    assert visible_gpus("cuda", 1, {"CUDA_VISIBLE_DEVICES": "3,5"}) == ["3", "5"]
+    assert visible_gpus("auto", 0, {}) == []  # n_gpu 0: the CPU
+    assert visible_gpus("cpu", 1, {}) == visible_gpus("cuda:1", 1, {}) == []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert visible_gpus("auto", 1, {}) == []
 
 
 def test_the_status_of_an_ended_trial():

@@ -35,10 +35,11 @@ def available_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def visible_gpus(n_gpu: int, environ: Mapping[str, str]) -> list[str]:
-    """The GPUs trials may use, as CUDA_VISIBLE_DEVICES entries: none when the config trains
-    on the CPU (n_gpu 0) or the machine has none."""
-    if n_gpu == 0:
+def visible_gpus(device: str, n_gpu: int, environ: Mapping[str, str]) -> list[str]:
+    """The GPUs to share out among the trials, as CUDA_VISIBLE_DEVICES entries: those this
+    process sees when the config's `device` is "cuda", or "auto" with n_gpu > 0; none for the
+    CPU, MPS, or one GPU the config names ("cuda:N", which every trial then uses)."""
+    if not (device == "cuda" or (device == "auto" and n_gpu > 0)):
         return []
     import torch  # only here: --help and spec errors answer without it
 
