@@ -26,6 +26,7 @@ from utils.config_checks import (
     DEVICE,
     FOLDS,
     INTERVAL,
+    LOGGERS,
     NAME,
     NON_NEGATIVE_INT,
     NON_NEGATIVE_NUMBER,
@@ -41,6 +42,7 @@ from utils.config_checks import (
     STRING_LIST,
     VALIDATION_SPLIT,
     VERBOSITY,
+    WANDB_MODE,
     Check,
     optional,
 )
@@ -204,7 +206,25 @@ class TrainerConfig:
     early_stop: int | None = key(
         0, optional(NON_NEGATIVE_INT), "stop after N epochs without improvement; `0`/`null`: never"
     )
-    tensorboard: bool = key(True, BOOL, "write TensorBoard event files")
+    loggers: list[str] = key(
+        ["tensorboard"], LOGGERS, "where metrics go: any of `tensorboard`, `csv`, `wandb`, `mlflow`"
+    )
+    tensorboard: bool = key(
+        True, BOOL, "`false`: no TensorBoard even when `loggers` names it (the older switch)"
+    )
+    wandb_project: str | None = key(
+        None, optional(STRING), "the W&B project; `null`: the config's `name`"
+    )
+    wandb_mode: str | None = key(
+        None,
+        WANDB_MODE,
+        '`"online"` or `"offline"`; `null`: W&B default (`WANDB_MODE`, else online)',
+    )
+    mlflow_tracking_uri: str | None = key(
+        None,
+        optional(STRING),
+        "MLflow tracking URI; `null`: `sqlite:///<save_dir>/log/<name>/mlflow.db`",
+    )
     len_epoch: int | None = key(
         None, optional(POSITIVE_INT), "batches per epoch; `null`: one pass over the data"
     )

@@ -1,6 +1,7 @@
 """Evaluate a checkpoint on the test (or validation) split.
 
 python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--ema] [--json out.json]
+    [--confusion-png matrix.png]
 """
 
 import argparse
@@ -11,8 +12,11 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from base import StepOutput
+    from PIL import Image
+
     from parse_config import ConfigParser
+
+SCORES = ("precision", "recall", "f1")  # per class, printed in this order
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -26,6 +30,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-d", "--device", help="GPUs to use, e.g. 0 (sets CUDA_VISIBLE_DEVICES)")
     parser.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    parser.add_argument(
+        "--confusion-png", metavar="PATH", help="classifiers: also draw the confusion matrix here"
+    )
     parser.add_argument(
         "--ema", action="store_true", help="evaluate the averaged weights (trainer.ema_decay)"
     )
@@ -45,26 +52,36 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
-        results = evaluate_checkpoint(ConfigParser.from_args(args), args.split, ema=args.ema)
-        if args.json:
-            try:
+        config = ConfigParser.from_args(args)
+        results, image = evaluate_checkpoint(config, args.split, ema=args.ema)
+        try:
+            if args.json:
                 with open(args.json, "w", encoding="utf-8") as file:
                     json.dump(results, file, indent=4)
-            except OSError as error:
-                raise UserError(f"{args.json}: cannot write ({error.strerror})") from None
+            if args.confusion_png and image is not None:
+                image.save(args.confusion_png, format="PNG")
+        except OSError as error:
+            raise UserError(f"{error.filename}: cannot write ({error.strerror})") from None
+        if args.confusion_png and image is None:
+            raise UserError(
+                "--confusion-png: no confusion matrix (the data has no classes, or the model's "
+                "outputs are not class scores)"
+            )
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
 
 
-def evaluate_checkpoint(config: "ConfigParser", split: str, *, ema: bool = False) -> dict:
-    import torch
-
+def evaluate_checkpoint(
+    config: "ConfigParser", split: str, *, ema: bool = False
+) -> tuple[dict, "Image.Image | None"]:
+    """The results (as --json writes them) and, for classifiers, the confusion matrix drawn."""
     from logger import setup_logging
     from utils import load_checkpoint, seed_everything
     from utils.build import build_trainer
     from utils.checkpoint import load_model_state
+    from utils.confusion import ConfusionMatrix, confusion_results, draw_confusion_matrix
     from utils.device import run_device
     from utils.distributed import ProcessInfo
 
@@ -78,22 +95,11 @@ def evaluate_checkpoint(config: "ConfigParser", split: str, *, ema: bool = False
     trainer = build_trainer(config, ProcessInfo(), device, logger, training=False)
     load_model_state(trainer.model, state, config.resume, ema=ema)
     class_names = trainer.data.class_names()
-    hits = torch.zeros(2, len(class_names), dtype=torch.int64, device=device)
-
-    def count_hits(result: "StepOutput") -> None:
-        """[correct, total] per class, for classifiers (logits (B, C) and labels (B,))."""
-        correct = result.output.argmax(dim=1) == result.target
-        hits[0] += torch.bincount(result.target[correct], minlength=len(class_names))
-        hits[1] += torch.bincount(result.target, minlength=len(class_names))
-
-    observe = count_hits if class_names else None
+    # Classifiers (logits (B, C), labels (B,)): exact counts[true class, predicted class].
+    confusion = ConfusionMatrix(len(class_names), device) if class_names else None
+    observe = confusion.add if confusion is not None else None
     metrics = trainer.evaluate(trainer.data.eval_loader(split), split, observe=observe)
     num_samples = int(metrics.pop(f"{split}/num_samples"))
-    correct, total = hits.tolist()
-    per_class_accuracy = {
-        name: (right / count if count else None)
-        for name, right, count in zip(class_names, correct, total, strict=True)
-    }
     weights = "averaged weights" if ema else "weights"
     logger.info(
         "%s: %d samples, %s of %s (epoch %d)",
@@ -105,19 +111,40 @@ def evaluate_checkpoint(config: "ConfigParser", split: str, *, ema: bool = False
     )
     for key, value in metrics.items():
         logger.info("  %-20s %.4f", key, value)
-    for name, accuracy in per_class_accuracy.items():
-        logger.info(
-            "  accuracy of %-10s %s", name, "n/a" if accuracy is None else f"{accuracy:.4f}"
-        )
-    return {
+    results = {
         "checkpoint": str(config.resume),
         "epoch": state["epoch"],
         "split": split,
         "ema": ema,
         "num_samples": num_samples,
         "metrics": metrics,
-        "per_class_accuracy": per_class_accuracy,
+        "per_class_accuracy": {},
+        "per_class": {},
+        "confusion_matrix": None,
     }
+    if confusion is None or not confusion.complete:
+        return results, None
+    counts = confusion.all_ranks()  # (C, C), summed over the ranks
+    results.update(confusion_results(counts, class_names))
+    for name, scores in results["per_class"].items():
+        shown = ["n/a" if scores[key] is None else f"{scores[key]:.4f}" for key in SCORES]
+        logger.info("  %-12s precision %s  recall %s  F1 %s", name, *shown)
+    image = draw_confusion_matrix(counts, class_names)
+    tag = f"{split}/confusion_matrix" + ("_ema" if ema else "")
+    log_to_tensorboard(config, tag, image, state["global_step"])
+    return results, image
+
+
+def log_to_tensorboard(config: "ConfigParser", tag: str, image: "Image.Image", step: int) -> None:
+    """Add the image to the run's TensorBoard logs, when the run keeps them."""
+    from logger import TensorboardLogger, selected_loggers
+    from utils.confusion import image_tensor
+
+    if "tensorboard" in selected_loggers(config["trainer"]) and config.log_dir.is_dir():
+        writer = TensorboardLogger(config.log_dir)
+        writer.log_image(tag, image_tensor(image), step)
+        writer.close(finished=True)
+        logging.getLogger("test").info("TensorBoard: %s in %s", tag, config.log_dir)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Written once so that no task has to: gradient accumulation and DDP's no_sync, autocast and
 GradScaler, clipping, the learning-rate schedule, non-finite losses, exact metric sums, the
-log_step reads, the progress bar, stop signals, checkpoints and resume.
+log_step reads, the progress bar, the loggers, stop signals, checkpoints and resume.
 """
 
 import abc
@@ -23,9 +23,10 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from base.base_data_loader import BaseDataLoader
-from logger import TensorboardWriter
+from logger import Loggers, check_logger_packages, open_loggers
 from utils import amp_dtype, derive_seed, seed_everything, unwrap_model
 from utils.batches import all_finite, check_loaders, epoch_batches, to_device
+from utils.confusion import ConfusionMatrix, draw_confusion_matrix, image_tensor
 from utils.distributed import all_reduce_max, is_distributed, sync_buffers
 from utils.metric_sums import MetricFn, MetricSums, StepOutput
 from utils.monitor import Monitor
@@ -74,6 +75,7 @@ class BaseTrainer(abc.ABC):
         self.step_per_batch = schedule is not None and schedule["interval"] == "step"
         self.train_loader, self.val_loader, self.len_epoch = None, None, 0
         if optimizer is not None:  # without one, the trainer only evaluates (test.py)
+            check_logger_packages(options, config.source)  # before anything is written
             # A compiled model keeps one graph for one batch shape: a short last batch would
             # make torch.compile recompile, so it is dropped instead.
             self.train_loader = data.train_loader(drop_last=options["compile"])
@@ -99,7 +101,9 @@ class BaseTrainer(abc.ABC):
         self.resume_batch, self.resume_totals, self.resume_rng = 0, None, None
         self.data_wait_seconds = 0.0  # of the last epoch, measured by train_epoch
         self.checkpoint_dir = Path(config.checkpoint_dir)
-        self.writer = TensorboardWriter(config.log_dir, enabled=False)  # opened by fit()
+        self.loggers = Loggers([], self.logger)  # opened by fit(), on rank 0
+        self.resumed_logger_runs: dict[str, str] = {}  # W&B's and MLflow's run ids, to continue
+        self.confusion: ConfusionMatrix | None = None  # of the last validation, for classifiers
         self.stop = StopRequest()
 
     @abc.abstractmethod
@@ -112,7 +116,7 @@ class BaseTrainer(abc.ABC):
         """The same for a validation batch, run in evaluation mode without gradients."""
 
     def on_train_start(self) -> None:  # noqa: B027 (an optional hook, not abstract)
-        """Called once before the first epoch, after the writer exists (log data, sizes, images)."""
+        """Called once before the first epoch, after the loggers are open (data, sizes, images)."""
 
     def resume(self, path: Path) -> None:
         restore(self, path)
@@ -122,9 +126,9 @@ class BaseTrainer(abc.ABC):
 
         Raises Interrupted after saving a checkpoint when SIGTERM, SIGINT or SIGUSR1 arrives.
         """
-        enabled = self.options["tensorboard"] and self.rank == 0
-        self.writer = TensorboardWriter(self.config.log_dir, enabled=enabled)
+        self.loggers = open_loggers(self)
         metrics: dict[str, float] = {}
+        finished = False
         try:
             with logging_redirect_tqdm(), self.stop:  # log lines go above the progress bar
                 self.on_train_start()
@@ -138,8 +142,9 @@ class BaseTrainer(abc.ABC):
                             f"Early stop: {key} did not improve for {patience} epochs."
                         )
                         break
+            finished = True
         finally:
-            self.writer.close()
+            self.loggers.close(finished=finished)
         return metrics
 
     def run_epoch(self, epoch: int) -> dict[str, float]:
@@ -169,8 +174,8 @@ class BaseTrainer(abc.ABC):
 
         improved = self.monitor.update(metrics)
         in_top_k, dropped = self.monitor.rank_top_k(metrics, epoch)
-        # One x-axis for every curve: the optimizer step, with the epoch as a curve of its own.
-        self.writer.add_scalars({**metrics, "epoch": epoch}, self.global_step)
+        # One x-axis for every curve: the optimizer step.
+        self.loggers.log_epoch(metrics, step=self.global_step, epoch=epoch)
         summary = "  ".join(f"{key} {value:.4g}" for key, value in metrics.items())
         best = "  *best*" if improved else ""
         self.logger.info("epoch %d/%d  %s%s", epoch, self.epochs, summary, best)
@@ -182,6 +187,8 @@ class BaseTrainer(abc.ABC):
         agreed = int(all_reduce_max(torch.tensor(self.stop.signum or 0, device=self.device)))
         # The last epoch (also an early-stopped or interrupted one) is always saved.
         last = epoch == self.epochs or self.monitor.should_stop or agreed
+        if self.confusion is not None and (epoch == self.epochs or self.monitor.should_stop):
+            self.log_confusion_matrix()  # of the run's final validation
         if epoch % self.options["save_period"] == 0 or last:
             write_checkpoint(self, state, path)
         save_best(self, state, epoch, improved=improved, in_top_k=in_top_k, dropped=dropped)
@@ -267,10 +274,10 @@ class BaseTrainer(abc.ABC):
                 'or set trainer.nonfinite to "skip". Checkpoints saved so far are intact.'
             )
         interval_loss = interval[0] / interval[-1]
-        self.writer.add_scalar("train/step_loss", interval_loss, self.global_step)
+        values = {"train/step_loss": interval_loss}
         if self.step_per_batch:
-            lr = self.optimizer.param_groups[0]["lr"]
-            self.writer.add_scalar("train/lr", lr, self.global_step)
+            values["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        self.loggers.log_step(values, step=self.global_step, epoch=epoch, batch=step)
         progress.set_postfix(loss=f"{interval_loss:.4f}")
         progress.update(step - progress.n)
         return stop_signum
@@ -311,7 +318,11 @@ class BaseTrainer(abc.ABC):
         # Rank 0's BatchNorm statistics on every rank: the distributed validation then equals
         # test.py evaluating rank 0's checkpoint in one process.
         sync_buffers(unwrap_model(self.model))
-        metrics = self.evaluate(self.val_loader, "val")
+        # Classifiers (data with class names) count their confusion matrix on the device.
+        num_classes = len(self.data.class_names())
+        self.confusion = ConfusionMatrix(num_classes, self.device) if num_classes else None
+        observe = self.confusion.add if self.confusion is not None else None
+        metrics = self.evaluate(self.val_loader, "val", observe)
         del metrics["val/num_samples"]  # the same every epoch: logged once at the start
         if self.ema is not None:  # the averaged weights on the same data: val/ema_<metric>
             sync_buffers(self.ema.module)
@@ -322,6 +333,13 @@ class BaseTrainer(abc.ABC):
                 {key.replace("val/", "val/ema_"): value for key, value in averaged.items()}
             )
         return metrics
+
+    def log_confusion_matrix(self) -> None:
+        """The last validation's confusion matrix, as an image for the loggers that take one."""
+        counts = self.confusion.all_ranks()  # a collective: on every rank
+        if self.confusion.complete and self.loggers.takes_images:
+            image = image_tensor(draw_confusion_matrix(counts, self.data.class_names()))
+            self.loggers.log_image("val/confusion_matrix", image, self.global_step)
 
     @contextlib.contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[None]:

@@ -1,41 +1,32 @@
-"""TensorBoard output that costs nothing when it is turned off (or on ranks other than 0)."""
+"""TensorBoard event files in the run's log folder."""
 
 from pathlib import Path
 
 import torch
 
+from logger.experiment_logger import ScalarLogger
 
-class TensorboardWriter:
-    """A thin wrapper over SummaryWriter; every method is a no-op when disabled.
 
-    TensorBoard is imported only when enabled: it adds about a second to start-up.
+class TensorboardLogger(ScalarLogger):
+    """A thin wrapper over SummaryWriter.
+
+    TensorBoard is imported only when this logger is opened: it adds about a second to start-up.
     """
 
-    def __init__(self, log_dir: Path, enabled: bool) -> None:
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
+    name = "tensorboard"
+    takes_images = True
 
-            self.writer = SummaryWriter(log_dir=str(log_dir))
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
 
-    @property
-    def enabled(self) -> bool:
-        return self.writer is not None
+        self.writer = SummaryWriter(log_dir=str(log_dir))
 
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        if self.writer is not None:
+    def log_scalars(self, values: dict[str, float], step: int) -> None:
+        for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
 
-    def add_scalars(self, values: dict[str, float], step: int) -> None:
-        """One scalar per key, e.g. {"train/loss": 0.5, "val/accuracy": 0.9}."""
-        for tag, value in values.items():
-            self.add_scalar(tag, value, step)
+    def log_image(self, tag: str, image: torch.Tensor, step: int) -> None:
+        self.writer.add_image(tag, image, step)
 
-    def add_image(self, tag: str, image: torch.Tensor, step: int) -> None:
-        """image: (C, H, W) floats in [0, 1], e.g. a torchvision.utils.make_grid of a batch."""
-        if self.writer is not None:
-            self.writer.add_image(tag, image, step)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+    def close(self, *, finished: bool) -> None:
+        self.writer.close()

@@ -50,7 +50,7 @@ class Trainer(BaseTrainer):
         return StepOutput(loss=self.criterion(output, targets), output=output, target=targets)
 
     def on_train_start(self) -> None:
-        """Log the model and the data; show TensorBoard what the model sees."""
+        """Log the model and the data; show the loggers that take images what the model sees."""
         self.logger.info("%s", unwrap_model(self.model))
         batch_size, num_processes = self.train_loader.batch_size, self.data.num_replicas
         accumulate = self.options["grad_accum_steps"]
@@ -70,7 +70,7 @@ class Trainer(BaseTrainer):
         if self.rank == 0:  # the data of all ranks together: logged once
             log_data_summary(self.data, self.logger, self.start_epoch, self.train_loader.sampler)
         self.logger.info("Outputs: %s and %s", self.checkpoint_dir, self.config.log_dir)
-        if not self.writer.enabled or not has_length(self.train_loader.dataset):
+        if not self.loggers.takes_images or not has_length(self.train_loader.dataset):
             return
         # One grid of (de-normalised) training inputs. Augmenting them draws random numbers:
         # fork the RNG so that the run's own stream is untouched.
@@ -80,4 +80,4 @@ class Trainer(BaseTrainer):
         mean = torch.tensor(self.data.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.data.std).view(1, -1, 1, 1)
         grid = torchvision.utils.make_grid((images * std + mean).clamp(0, 1), nrow=8)
-        self.writer.add_image("train/inputs", grid, self.global_step)
+        self.loggers.log_image("train/inputs", grid, self.global_step)

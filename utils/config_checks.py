@@ -97,6 +97,17 @@ DEVICE: Check = (
 BACKEND: Check = (lambda v: v in (None, "nccl", "gloo"), '"nccl", "gloo" or null (automatic)')
 NONFINITE: Check = choice("stop", "skip")
 AMP: Check = choice(None, "bf16", "fp16")
+# logger/loggers.py builds these; "wandb" and "mlflow" need their optional packages.
+LOGGER_NAMES = ("tensorboard", "csv", "wandb", "mlflow")
+LOGGERS: Check = (
+    lambda v: (
+        isinstance(v, list)
+        and all(isinstance(item, str) and item in LOGGER_NAMES for item in v)
+        and len(set(v)) == len(v)
+    ),
+    "a list of distinct names from " + ", ".join(json.dumps(name) for name in LOGGER_NAMES),
+)
+WANDB_MODE: Check = choice(None, "online", "offline")
 COMPILE_MODE: Check = choice(
     "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 )

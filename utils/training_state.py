@@ -41,6 +41,8 @@ def checkpoint_state(trainer: "BaseTrainer", epoch: int, metrics: dict[str, floa
         # One per rank, in rank order: after a mid-epoch resume each rank draws its own
         # dropout and augmentation again, not rank 0's.
         "rng": gather_objects(get_rng_state(trainer.device)),
+        # W&B's and MLflow's run ids (rank 0's loggers): a resume continues those runs.
+        "logger_runs": dict(trainer.loggers.run_ids),
     }
 
 
@@ -143,6 +145,8 @@ def restore(trainer: "BaseTrainer", path: Path) -> None:
         logger.info("Fine-tuning into a new run: the best monitored value starts afresh.")
     elif not trainer.monitor.load_state_dict(state["monitor"]):
         logger.warning("The monitored metric changed: the best value starts afresh.")
+    if not config.fine_tune:  # the same run: its W&B and MLflow runs too
+        trainer.resumed_logger_runs = dict(state.get("logger_runs") or {})
     trainer.start_epoch = state["epoch"] + 1
     trainer.global_step = state["global_step"]
     trainer.num_skipped_steps = state.get("num_skipped_steps", 0)
