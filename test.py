@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from parse_config import ConfigParser
 
-SCORES = ("precision", "recall", "f1")  # per class, printed in this order
+SCORES = ("recall", "precision", "f1")  # per class, printed in this order
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -128,9 +128,9 @@ def evaluate_checkpoint(
     results.update(confusion_results(counts, class_names))
     for name, scores in results["per_class"].items():
         shown = ["n/a" if scores[key] is None else f"{scores[key]:.4f}" for key in SCORES]
-        logger.info("  %-12s precision %s  recall %s  F1 %s", name, *shown)
+        logger.info("  accuracy of %-10s %s  precision %s  F1 %s", name, *shown)
     image = draw_confusion_matrix(counts, class_names)
-    tag = f"{split}/confusion_matrix" + ("_ema" if ema else "")
+    tag = f"test.py/{split}_confusion_matrix" + ("_ema" if ema else "")
     log_to_tensorboard(config, tag, image, state["global_step"])
     return results, image
 

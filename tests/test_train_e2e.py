@@ -60,7 +60,9 @@ def test_outputs_of_a_run(trained_run: dict) -> None:
     scalars = set(events.Tags()["scalars"])
     assert {"train/loss", "train/step_loss", "val/loss", "val/accuracy", "lr"} <= scalars
     assert {"time/epoch_seconds", "time/train_samples_per_second"} <= scalars
-    assert events.Tags()["images"] == ["train/inputs"]
+    # The final validation's confusion matrix: classifiers only.
+    assert events.Tags()["images"] == ["train/inputs", "val/confusion_matrix"]
+    assert [event.step for event in events.Images("val/confusion_matrix")] == [16]
     # One x-axis for every curve, the optimizer step (8 per epoch); the epoch is a curve too.
     assert [event.step for event in events.Scalars("val/accuracy")] == [8, 16]
     assert [(event.step, event.value) for event in events.Scalars("epoch")] == [(8, 1), (16, 2)]

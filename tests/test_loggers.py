@@ -1,0 +1,314 @@
+"""trainer.loggers: the CSV files across resumes, the fan-out and a failing logger, the confusion
+matrix (its math, test.py's report and image), and W&B / MLflow read back when installed."""
+
+import csv
+import importlib.util
+import json
+import logging
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, shrink
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_any_data import StopAt
+
+import train
+import trainer as trainer_module
+from logger import ExperimentLogger, Loggers, check_logger_packages
+from logger.csv_logger import CsvLogger
+from parse_config import ConfigError, ConfigParser
+from utils import UserError
+from utils.confusion import ConfusionMatrix, class_scores, draw_confusion_matrix
+from utils.metric_sums import StepOutput
+
+RUN = Path("models") / "Demo_CifarCNN"
+
+
+def load_test_py():
+    """test.py as a module (by path: the standard library has a `test` package)."""
+    spec = importlib.util.spec_from_file_location("test_entry_point", ROOT / "test.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as file:
+        return list(csv.DictReader(file))
+
+
+def test_csv_logger_drops_the_rows_past_the_resume_point(tmp_path):
+    def run(epochs: range, epochs_done: int, batches_done: int, first_batch: int) -> None:
+        logger = CsvLogger(tmp_path, epochs_done, batches_done)
+        for epoch in epochs:
+            start = first_batch if epoch == epochs_done + 1 else 1
+            for batch in range(start, 5):
+                step = (epoch - 1) * 4 + batch
+                logger.log_step({"train/step_loss": step / 10}, step=step, epoch=epoch, batch=batch)
+            logger.log_epoch({"val/loss": epoch / 10}, step=epoch * 4, epoch=epoch)
+        logger.close(finished=True)
+
+    run(range(1, 4), 0, 0, 1)  # three epochs of four batches
+    # A stop inside epoch 2 left a later epoch behind (a resume from an earlier checkpoint),
+    # and a crash cut the last line short.
+    with (tmp_path / "steps.csv").open("a") as file:
+        file.write("3,4,12,0.")
+    run(range(2, 4), 1, 2, 3)  # resumed after batch 2 of epoch 2
+    metrics, steps = read_csv(tmp_path / "metrics.csv"), read_csv(tmp_path / "steps.csv")
+    assert [(row["epoch"], row["step"], row["val/loss"]) for row in metrics] == [
+        ("1", "4", "0.1"),
+        ("2", "8", "0.2"),
+        ("3", "12", "0.3"),
+    ]
+    positions = [(int(row["epoch"]), int(row["batch"]), int(row["step"])) for row in steps]
+    expected = [
+        (epoch, batch, (epoch - 1) * 4 + batch) for epoch in (1, 2, 3) for batch in range(1, 5)
+    ]
+    assert positions == expected  # every step once, in order
+    # A resume from the end of epoch 1 keeps epoch 1 only.
+    CsvLogger(tmp_path, 1, 0).close(finished=True)
+    assert [row["epoch"] for row in read_csv(tmp_path / "metrics.csv")] == ["1"]
+    assert {row["epoch"] for row in read_csv(tmp_path / "steps.csv")} == {"1"}
+
+
+def test_csv_logger_adds_a_new_key_as_a_column(tmp_path):
+    logger = CsvLogger(tmp_path, 0, 0)
+    logger.log_epoch({"val/loss": 0.5}, step=4, epoch=1)
+    logger.log_epoch({"val/loss": 0.25, "val/ema_loss": 0.3}, step=8, epoch=2)
+    logger.close(finished=True)
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines == ["epoch,step,val/loss,val/ema_loss", "1,4,0.5,", "2,8,0.25,0.3"]
+
+
+class Recorder(ExperimentLogger):
+    """Keeps every call; fails from its `fail_at`-th call on, as a full disk would."""
+
+    def __init__(self, name: str, fail_at: int | None = None) -> None:
+        self.name, self.fail_at, self.calls = name, fail_at, []
+
+    def record(self, *call) -> None:
+        if self.fail_at is not None and len(self.calls) + 1 >= self.fail_at:
+            raise OSError(28, "No space left on device")
+        self.calls.append(call)
+
+    def log_step(self, values, *, step, epoch, batch):
+        self.record("step", values, step, epoch, batch)
+
+    def log_epoch(self, metrics, *, step, epoch):
+        self.record("epoch", metrics, step, epoch)
+
+    def close(self, *, finished):
+        self.record("close", finished)
+
+
+def test_every_logger_gets_the_same_values_and_a_failing_one_is_dropped_with_one_warning(caplog):
+    first, failing, last = Recorder("first"), Recorder("failing", fail_at=2), Recorder("last")
+    loggers = Loggers([first, failing, last], logging.getLogger("trainer"))
+    with caplog.at_level(logging.WARNING):
+        for step in (1, 2, 3):
+            loggers.log_step({"train/step_loss": 1.0 / step}, step=step, epoch=1, batch=step)
+        loggers.log_epoch({"val/loss": 0.5}, step=3, epoch=1)
+        loggers.close(finished=True)
+    expected = [("step", {"train/step_loss": 1.0 / step}, step, 1, step) for step in (1, 2, 3)]
+    expected += [("epoch", {"val/loss": 0.5}, 3, 1), ("close", True)]
+    assert first.calls == last.calls == expected
+    assert failing.calls == expected[:1]
+    warnings = [record.getMessage() for record in caplog.records]
+    assert warnings == [
+        "Logger failing failed (OSError: [Errno 28] No space left on device): it logs nothing "
+        "more; training goes on."
+    ]
+
+
+def test_logger_names_are_checked_and_a_missing_package_is_named(make_config, monkeypatch, capsys):
+    config = json.loads(make_config(**{"trainer.loggers": ["tensorboard", "neptune"]}).read_text())
+    with pytest.raises(ConfigError, match=r"trainer.loggers: must be a list of distinct names"):
+        ConfigParser(config, source="cfg.json")
+    options = {"loggers": ["csv", "mlflow"], "tensorboard": True, "mlflow_tracking_uri": None}
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "alembic" else real_find_spec(name, *args),
+    )
+    if real_find_spec("mlflow") is not None:
+        with pytest.raises(UserError, match='"mlflow" needs the package alembic'):
+            check_logger_packages(options, "cfg.json")
+    # A tracking server needs no local store, so no alembic.
+    check_logger_packages({**options, "mlflow_tracking_uri": "http://127.0.0.1:5000"}, "cfg.json")
+    # train.py: a one-line error naming the package, and no run folder.
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "wandb" else real_find_spec(name, *args),
+    )
+    path = make_config(**{"trainer.loggers": ["csv", "wandb"]})
+    assert train.main(["-c", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f'error: {path}: trainer.loggers: "wandb" needs the package wandb, which is not '
+        "installed: pip install -r requirements-extras.txt (or wandb)\n"
+    )
+    assert not (path.parent / "saved").exists()
+
+
+def test_confusion_matrix_counts_and_scores_match_a_hand_computed_example():
+    # 3 classes, 6 samples: true labels and the predicted ones (argmax of one-hot logits).
+    targets, predicted = [0, 0, 1, 1, 1, 2], [0, 1, 1, 1, 0, 1]
+    matrix = ConfusionMatrix(3, torch.device("cpu"))
+    logits = torch.nn.functional.one_hot(torch.tensor(predicted), 3).float()
+    matrix.add(
+        StepOutput(loss=torch.zeros(()), output=logits[:4], target=torch.tensor(targets[:4]))
+    )
+    matrix.add(
+        StepOutput(loss=torch.zeros(()), output=logits[4:], target=torch.tensor(targets[4:]))
+    )
+    counts = matrix.all_ranks()
+    assert counts.tolist() == [[1, 1, 0], [1, 2, 0], [0, 1, 0]]
+    scores = class_scores(counts.tolist(), ["a", "b", "c"])
+    assert scores["a"] == {"precision": 1 / 2, "recall": 1 / 2, "f1": 2 / 4, "support": 2}
+    # b: predicted 4 times, 2 right; 3 samples.
+    assert scores["b"] == {"precision": 2 / 4, "recall": 2 / 3, "f1": 4 / 7, "support": 3}
+    # c: never predicted (precision undefined), its one sample missed (F1 0).
+    assert scores["c"] == {"precision": None, "recall": 0.0, "f1": 0.0, "support": 1}
+    # A class neither present nor predicted has no score at all.
+    assert class_scores([[1, 0], [0, 0]], ["x", "y"])["y"]["f1"] is None
+    # Outputs that are not (B, C) logits leave no matrix to show, rather than a wrong one.
+    matrix.add(StepOutput(loss=torch.zeros(()), output=torch.zeros(2, 5), target=torch.zeros(2)))
+    assert not matrix.complete
+
+    image = draw_confusion_matrix(counts, ["a", "b", "c"])
+    pixels = image.load()
+    # Each row shaded by its share: b's diagonal (2 of 3) darker than its (b, a) cell (1 of 3).
+    width, height = image.size
+    cell, left, top = 40, width - 4 - 3 * 40, height - 4 - 3 * 40
+    diagonal = pixels[left + cell + 2, top + cell + 2]
+    off_diagonal = pixels[left + 2, top + cell + 2]
+    assert sum(diagonal) < sum(off_diagonal) < 3 * 255
+
+
+@pytest.fixture
+def stop_at(monkeypatch):
+    """StopAt (tests/test_any_data.py), as a config can name it: asks to stop after a given step."""
+    monkeypatch.setattr(trainer_module, "StopAt", StopAt, raising=False)
+    monkeypatch.setattr(trainer_module, "__all__", [*trainer_module.__all__, "StopAt"])
+
+
+def stopped_and_resumed(tmp_path: Path, loggers: list[str], **options) -> Path:
+    """A 3-epoch run of 8 steps an epoch, stopped inside epoch 2 (as by SIGTERM) and resumed,
+    in-process; returns its checkpoint folder."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"].update(epochs=3, log_step=1, type="StopAt", loggers=loggers, **options)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    stop = ["--set", "trainer.args.stop_at_step=11"]  # batch 3 of epoch 2
+    assert train.main(["-c", str(path), "--run-id", "run", *stop]) == 128 + signal.SIGTERM
+    run_dir = tmp_path / "saved" / RUN / "run"
+    go_on = ["--set", "trainer.args.stop_at_step=0"]
+    assert train.main(["-r", str(run_dir / "checkpoint-epoch2-batch3.pth"), *go_on]) == 0
+    return run_dir
+
+
+def test_csv_rows_equal_the_checkpoints_after_a_stop_and_two_resumes(stop_at, tmp_path):
+    run_dir = stopped_and_resumed(tmp_path, ["tensorboard", "csv"])
+    log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "run"
+    # The final validation's confusion matrix went to TensorBoard, at the last step.
+    events = EventAccumulator(str(log_dir)).Reload()
+    assert [event.step for event in events.Images("val/confusion_matrix")] == [24]
+    # Then once more from the end of epoch 1: epochs 2 and 3 are trained (and logged) again.
+    go_on = ["--set", "trainer.args.stop_at_step=0"]
+    assert train.main(["-r", str(run_dir / "checkpoint-epoch1.pth"), *go_on]) == 0
+    rows = read_csv(log_dir / "metrics.csv")
+    assert [row["epoch"] for row in rows] == ["1", "2", "3"]
+    for row in rows:
+        state = torch.load(run_dir / f"checkpoint-epoch{row['epoch']}.pth", weights_only=True)
+        assert int(row.pop("step")) == state["global_step"]
+        assert int(row.pop("epoch")) == state["epoch"]
+        assert {key: float(value) for key, value in row.items()} == state["metrics"]
+    steps = [(int(row["epoch"]), int(row["batch"])) for row in read_csv(log_dir / "steps.csv")]
+    assert steps == [(epoch, batch) for epoch in (1, 2, 3) for batch in range(1, 9)]
+
+    # test.py: the matrix and per-class scores in --json, the image beside it and in TensorBoard.
+    report_path, image_path = tmp_path / "val.json", tmp_path / "val.png"
+    arguments = ["-r", str(run_dir / "checkpoint-epoch3.pth"), "--split", "val"]
+    arguments += ["--json", str(report_path), "--confusion-png", str(image_path)]
+    assert load_test_py().main(arguments) == 0
+    report = json.loads(report_path.read_text())
+    counts = torch.tensor(report["confusion_matrix"])
+    assert counts.shape == (10, 10) and counts.sum() == report["num_samples"] == 64
+    assert report["metrics"]["val/accuracy"] == pytest.approx(int(counts.trace()) / 64, abs=1e-12)
+    per_class = report["per_class"]
+    assert [scores["support"] for scores in per_class.values()] == counts.sum(dim=1).tolist()
+    assert report["per_class_accuracy"] == {name: s["recall"] for name, s in per_class.items()}
+    assert image_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    events = EventAccumulator(str(log_dir)).Reload()
+    assert [event.step for event in events.Images("test.py/val_confusion_matrix")] == [24]
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    """The logged rows of an offline W&B run, from its run-<id>.wandb file: LevelDB-style log
+    records (7-byte headers in 32 KiB blocks) of protobuf Records."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = run_dir.glob("run-*.wandb")
+    data, rows, offset, pending = path.read_bytes(), [], 7, b""  # after the file header
+    while offset + 7 <= len(data):
+        if 32768 - offset % 32768 < 7:  # a block's tail too short for a header: padding
+            offset += 32768 - offset % 32768
+            continue
+        length, kind = int.from_bytes(data[offset + 4 : offset + 6], "little"), data[offset + 6]
+        pending += data[offset + 7 : offset + 7 + length]
+        offset += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                items = record.history.item
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in items
+                    }
+                )
+    return rows
+
+
+def test_wandb_and_mlflow_continue_their_run_and_hold_the_checkpoint_metrics(stop_at, tmp_path):
+    for package in ("wandb", "mlflow"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed (pip install -r requirements-extras.txt)")
+    from mlflow.tracking import MlflowClient
+
+    run_dir = stopped_and_resumed(tmp_path, ["wandb", "mlflow"], wandb_mode="offline")
+    states = [
+        torch.load(run_dir / f"checkpoint-epoch{epoch}.pth", weights_only=True)
+        for epoch in (1, 2, 3)
+    ]
+    run_ids = states[-1]["logger_runs"]
+    assert set(run_ids) == {"wandb", "mlflow"}
+
+    # W&B: one offline folder per part of the run, both with the run's id.
+    log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN"
+    folders = sorted((log_dir / "run" / "wandb").glob("offline-run-*"))
+    assert [folder.name.rpartition("-")[2] for folder in folders] == [run_ids["wandb"]] * 2
+    epochs = [row for folder in folders for row in wandb_history(folder) if "epoch" in row]
+    assert [row["epoch"] for row in epochs] == [1, 2, 3]
+    for row, state in zip(epochs, states, strict=True):
+        assert row["global_step"] == state["global_step"]
+        assert {key: row[key] for key in state["metrics"]} == pytest.approx(state["metrics"])
+
+    # MLflow: one run in the experiment's local store, finished, with the config as parameters.
+    client = MlflowClient(tracking_uri=f"sqlite:///{log_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("Demo_CifarCNN")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_id == run_ids["mlflow"] and run.info.status == "FINISHED"
+    assert run.data.params["trainer.epochs"] == "3"
+    for key in ("val/loss", "train/accuracy", "lr"):
+        history = {
+            point.step: point.value for point in client.get_metric_history(run.info.run_id, key)
+        }
+        assert history == {state["global_step"]: state["metrics"][key] for state in states}
+    artifacts = [item.path for item in client.list_artifacts(run.info.run_id, "val")]
+    assert artifacts == ["val/confusion_matrix-step24.png"]
