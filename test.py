@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         config = ConfigParser.from_args(args)
-        results, image = evaluate_checkpoint(config, args.split, ema=args.ema)
+        results, image, global_step = evaluate_checkpoint(config, args.split, ema=args.ema)
         try:
             if args.json:
                 with open(args.json, "w", encoding="utf-8") as file:
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                 image.save(args.confusion_png, format="PNG")
         except OSError as error:
             raise UserError(f"{error.filename}: cannot write ({error.strerror})") from None
+        if image is not None:  # last: a bad --json or --confusion-png path touches nothing
+            tag = f"test.py/{args.split}_confusion_matrix" + ("_ema" if args.ema else "")
+            log_to_tensorboard(config, tag, image, global_step)
         if args.confusion_png and image is None:
             raise UserError(
                 "--confusion-png: no confusion matrix (the data has no classes, or the model's "
@@ -75,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def evaluate_checkpoint(
     config: "ConfigParser", split: str, *, ema: bool = False
-) -> tuple[dict, "Image.Image | None"]:
-    """The results (as --json writes them) and, for classifiers, the confusion matrix drawn."""
+) -> tuple[dict, "Image.Image | None", int]:
+    """The results (as --json writes them), for classifiers the confusion matrix drawn, and the
+    checkpoint's global step."""
     from logger import setup_logging
     from utils import load_checkpoint, seed_everything
     from utils.build import build_trainer
@@ -123,24 +127,23 @@ def evaluate_checkpoint(
         "confusion_matrix": None,
     }
     if confusion is None or not confusion.complete:
-        return results, None
+        return results, None, state["global_step"]
     counts = confusion.all_ranks()  # (C, C), summed over the ranks
     results.update(confusion_results(counts, class_names))
     for name, scores in results["per_class"].items():
         shown = ["n/a" if scores[key] is None else f"{scores[key]:.4f}" for key in SCORES]
         logger.info("  accuracy of %-10s %s  precision %s  F1 %s", name, *shown)
-    image = draw_confusion_matrix(counts, class_names)
-    tag = f"test.py/{split}_confusion_matrix" + ("_ema" if ema else "")
-    log_to_tensorboard(config, tag, image, state["global_step"])
-    return results, image
+    return results, draw_confusion_matrix(counts, class_names), state["global_step"]
 
 
 def log_to_tensorboard(config: "ConfigParser", tag: str, image: "Image.Image", step: int) -> None:
-    """Add the image to the run's TensorBoard logs, when the run keeps them."""
+    """Add the image to the run's TensorBoard logs, when the run keeps them (and they are
+    writable: a read-only copy of a run is evaluated all the same)."""
     from logger import TensorboardLogger, selected_loggers
     from utils.confusion import image_tensor
 
-    if "tensorboard" in selected_loggers(config["trainer"]) and config.log_dir.is_dir():
+    keeps_logs = config.log_dir.is_dir() and os.access(config.log_dir, os.W_OK)
+    if "tensorboard" in selected_loggers(config["trainer"]) and keeps_logs:
         writer = TensorboardLogger(config.log_dir)
         writer.log_image(tag, image_tensor(image), step)
         writer.close(finished=True)
