@@ -196,10 +196,10 @@ def stop_at(monkeypatch):
 
 
 def stopped_and_resumed(tmp_path: Path, loggers: list[str], **options) -> Path:
-    """A 3-epoch run of 8 steps an epoch, stopped inside epoch 2 (as by SIGTERM) and resumed,
+    """A 2-epoch run of 8 steps an epoch, stopped inside epoch 2 (as by SIGTERM) and resumed,
     in-process; returns its checkpoint folder."""
     config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
-    config["trainer"].update(epochs=3, log_step=1, type="StopAt", loggers=loggers, **options)
+    config["trainer"].update(log_step=1, type="StopAt", loggers=loggers, **options)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     stop = ["--set", "trainer.args.stop_at_step=11"]  # batch 3 of epoch 2
@@ -215,23 +215,23 @@ def test_csv_rows_equal_the_checkpoints_after_a_stop_and_two_resumes(stop_at, tm
     log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "run"
     # The final validation's confusion matrix went to TensorBoard, at the last step.
     events = EventAccumulator(str(log_dir)).Reload()
-    assert [event.step for event in events.Images("val/confusion_matrix")] == [24]
-    # Then once more from the end of epoch 1: epochs 2 and 3 are trained (and logged) again.
+    assert [event.step for event in events.Images("val/confusion_matrix")] == [16]
+    # Then once more from the end of epoch 1: epoch 2 is trained (and logged) again.
     go_on = ["--set", "trainer.args.stop_at_step=0"]
     assert train.main(["-r", str(run_dir / "checkpoint-epoch1.pth"), *go_on]) == 0
     rows = read_csv(log_dir / "metrics.csv")
-    assert [row["epoch"] for row in rows] == ["1", "2", "3"]
+    assert [row["epoch"] for row in rows] == ["1", "2"]
     for row in rows:
         state = torch.load(run_dir / f"checkpoint-epoch{row['epoch']}.pth", weights_only=True)
         assert int(row.pop("step")) == state["global_step"]
         assert int(row.pop("epoch")) == state["epoch"]
         assert {key: float(value) for key, value in row.items()} == state["metrics"]
     steps = [(int(row["epoch"]), int(row["batch"])) for row in read_csv(log_dir / "steps.csv")]
-    assert steps == [(epoch, batch) for epoch in (1, 2, 3) for batch in range(1, 9)]
+    assert steps == [(epoch, batch) for epoch in (1, 2) for batch in range(1, 9)]
 
     # test.py: the matrix and per-class scores in --json, the image beside it and in TensorBoard.
     report_path, image_path = tmp_path / "val.json", tmp_path / "val.png"
-    arguments = ["-r", str(run_dir / "checkpoint-epoch3.pth"), "--split", "val"]
+    arguments = ["-r", str(run_dir / "checkpoint-epoch2.pth"), "--split", "val"]
     arguments += ["--json", str(report_path), "--confusion-png", str(image_path)]
     assert load_test_py().main(arguments) == 0
     report = json.loads(report_path.read_text())
@@ -243,7 +243,7 @@ def test_csv_rows_equal_the_checkpoints_after_a_stop_and_two_resumes(stop_at, tm
     assert report["per_class_accuracy"] == {name: s["recall"] for name, s in per_class.items()}
     assert image_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     events = EventAccumulator(str(log_dir)).Reload()
-    assert [event.step for event in events.Images("test.py/val_confusion_matrix")] == [24]
+    assert [event.step for event in events.Images("test.py/val_confusion_matrix")] == [16]
 
 
 def wandb_history(run_dir: Path) -> list[dict]:
@@ -283,8 +283,7 @@ def test_wandb_and_mlflow_continue_their_run_and_hold_the_checkpoint_metrics(sto
 
     run_dir = stopped_and_resumed(tmp_path, ["wandb", "mlflow"], wandb_mode="offline")
     states = [
-        torch.load(run_dir / f"checkpoint-epoch{epoch}.pth", weights_only=True)
-        for epoch in (1, 2, 3)
+        torch.load(run_dir / f"checkpoint-epoch{epoch}.pth", weights_only=True) for epoch in (1, 2)
     ]
     run_ids = states[-1]["logger_runs"]
     assert set(run_ids) == {"wandb", "mlflow"}
@@ -294,7 +293,7 @@ def test_wandb_and_mlflow_continue_their_run_and_hold_the_checkpoint_metrics(sto
     folders = sorted((log_dir / "run" / "wandb").glob("offline-run-*"))
     assert [folder.name.rpartition("-")[2] for folder in folders] == [run_ids["wandb"]] * 2
     epochs = [row for folder in folders for row in wandb_history(folder) if "epoch" in row]
-    assert [row["epoch"] for row in epochs] == [1, 2, 3]
+    assert [row["epoch"] for row in epochs] == [1, 2]
     for row, state in zip(epochs, states, strict=True):
         assert row["global_step"] == state["global_step"]
         assert {key: row[key] for key in state["metrics"]} == pytest.approx(state["metrics"])
@@ -304,11 +303,11 @@ def test_wandb_and_mlflow_continue_their_run_and_hold_the_checkpoint_metrics(sto
     experiment = client.get_experiment_by_name("Demo_CifarCNN")
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_id == run_ids["mlflow"] and run.info.status == "FINISHED"
-    assert run.data.params["trainer.epochs"] == "3"
+    assert run.data.params["trainer.epochs"] == "2"
     for key in ("val/loss", "train/accuracy", "lr"):
         history = {
             point.step: point.value for point in client.get_metric_history(run.info.run_id, key)
         }
         assert history == {state["global_step"]: state["metrics"][key] for state in states}
     artifacts = [item.path for item in client.list_artifacts(run.info.run_id, "val")]
-    assert artifacts == ["val/confusion_matrix-step24.png"]
+    assert artifacts == ["val/confusion_matrix-step16.png"]
