@@ -80,27 +80,24 @@ class BaseDataLoader(abc.ABC):
         prefetch_factor: int | None = None,
         rank: int = 0,
         num_replicas: int = 1,
+        device: torch.device | str = "cpu",
     ) -> None:
         if sampler not in SAMPLERS:
             raise ConfigValueError(
                 f"unknown sampler {sampler!r}; choose from {', '.join(SAMPLERS)}"
             )
-        self.batch_size = batch_size
-        self.seed = seed
+        self.batch_size, self.seed = batch_size, seed
         self.sampler = sampler if shuffle else "sequential"
-        self.replacement = replacement
-        self.num_samples = num_samples
-        self.class_weights = class_weights
-        self.validation_split = validation_split
-        self.folds = folds
-        self.fold = fold
+        self.replacement, self.num_samples = replacement, num_samples
+        self.class_weights, self.validation_split = class_weights, validation_split
+        self.folds, self.fold = folds, fold
         self.num_workers = num_workers
         self.pin_memory = pin_memory and torch.cuda.is_available()  # build_trainer: by device
         # Both only mean something with worker processes; DataLoader rejects them otherwise.
         self.persistent_workers = persistent_workers and num_workers > 0
         self.prefetch_factor = prefetch_factor if num_workers > 0 else None
-        self.rank = rank
-        self.num_replicas = num_replicas
+        self.rank, self.num_replicas = rank, num_replicas
+        self.device = torch.device(device)  # the training device: device-side pipelines use it
         self._loaded: dict[str, Dataset] = {}
         self._labels: dict[str, np.ndarray] = {}
 
@@ -238,21 +235,6 @@ class BaseDataLoader(abc.ABC):
             weights=weights,
         )
 
-    def _loader(
-        self, dataset: Dataset, sampler: EpochSampler, *, drop_last: bool = False
-    ) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            generator=sampler.generator,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers,
-            prefetch_factor=self.prefetch_factor,
-            drop_last=drop_last,
-        )
-
     def view(self, split: str, augment: bool) -> Dataset:
         """What the loaders of `split` read: (transformed input, target) pairs. Override it for
         other pairs, e.g. (noisy image, clean image) for denoising."""
@@ -263,7 +245,7 @@ class BaseDataLoader(abc.ABC):
         pass (every batch then has batch_size samples), unless that leaves no batch at all."""
         sampler = self.train_sampler()
         drop_last = drop_last and len(sampler) >= self.batch_size
-        return self._loader(self.view("train", augment=True), sampler, drop_last=drop_last)
+        return self.loader("train", sampler, augment=True, drop_last=drop_last)
 
     def val_loader(self) -> DataLoader | None:
         """The validation loader, or None when there is no validation data."""
@@ -283,7 +265,37 @@ class BaseDataLoader(abc.ABC):
         sampler = EpochSampler(
             indices, shuffle=False, seed=self.seed, num_replicas=self.num_replicas, rank=self.rank
         )
-        return self._loader(self.view(split, augment=False), sampler)
+        return self.loader(split, sampler, augment=False)
+
+    def loader(
+        self, split: str, sampler: EpochSampler, *, augment: bool, drop_last: bool = False
+    ) -> DataLoader:
+        """The batches of `split` in `sampler`'s order, for train_loader and the evaluation loaders.
+        Another input pipeline overrides it (ImageDataLoader's "device" pipeline): the engine
+        needs .sampler, .batch_size, .dataset, len() and iteration."""
+        return self.data_loader(self.view(split, augment), sampler, drop_last=drop_last)
+
+    def data_loader(
+        self,
+        dataset: Dataset,
+        sampler: EpochSampler,
+        *,
+        drop_last: bool = False,
+        collate_fn: Callable | None = None,
+    ) -> DataLoader:
+        """A DataLoader over `dataset` with this loader's batch size and worker settings."""
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            generator=sampler.generator,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+            prefetch_factor=self.prefetch_factor,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+        )
 
     def check(self, num_classes: int | None) -> None:
         """Refuse training labels outside the model's `num_classes` outputs (None: not known,

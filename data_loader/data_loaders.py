@@ -2,18 +2,27 @@
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
 from base import BaseDataLoader
 from base.base_data_loader import DataError
+from data_loader.device_decode import DeviceDecodedBatches, EncodedImages, collate_encoded
+from data_loader.device_pipeline import Normalise, stack_arrays
+from data_loader.image_cache import cache_path, decode_and_cache, load_cached
+from data_loader.image_loader import ImageDataLoader, load_image, load_image_tensor
 from data_loader.synthetic import SyntheticShapes
-from data_loader.transforms import AUTO_AUGMENT, IMAGE_SIZES, PRESETS, STATS
+from data_loader.transforms import IMAGE_SIZES, PRESETS, STATS
 from utils import ConfigValueError, derive_seed, describe_error
+from utils.sampler import EpochSampler
+
+# data_loader.args.decode (ImageFolderDataLoader): PIL in the worker processes, or JPEGs
+# decoded on the training device (data_loader/device_decode.py).
+DECODERS = ("pil", "device")
 
 __all__ = [
     "Cifar10DataLoader",
@@ -21,74 +30,6 @@ __all__ = [
     "NoisyShapesDataLoader",
     "SyntheticDataLoader",
 ]
-
-
-def load_image(path: str) -> Image.Image:
-    """ImageFolder's loader, with a file PIL cannot read reported as a DataError naming it."""
-    try:
-        return datasets.folder.default_loader(path)
-    # PIL reports a broken file as OSError (also UnidentifiedImageError, "image file is
-    # truncated"), SyntaxError or ValueError, depending on the format and the damage.
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        raise DataError(
-            f"{path}: unreadable image ({describe_error(error)}); replace or remove it"
-        ) from None
-
-
-class ImageDataLoader(BaseDataLoader):
-    """What the image classification loaders share: a transform preset ("cifar" unless the
-    loader says otherwise) and its sizes and augmentation, from data_loader.args:
-
-    image_size (training; the preset's default), eval_image_size (evaluation crop; default
-    image_size), eval_resize_size ("imagenet": resize before that crop; default crop x 256/224),
-    auto_augment ("trivialaugment", "randaugment" or "autoaugment"; null: none) and
-    random_erasing (the probability of erasing a random rectangle of a training image).
-    """
-
-    preset = "cifar"
-
-    def __init__(
-        self,
-        *,
-        image_size: int | None = None,
-        eval_image_size: int | None = None,
-        eval_resize_size: int | None = None,
-        auto_augment: str | None = None,
-        random_erasing: float = 0.0,
-        **kwargs: object,
-    ) -> None:
-        super().__init__(**kwargs)
-        for name, value in (
-            ("image_size", image_size),
-            ("eval_image_size", eval_image_size),
-            ("eval_resize_size", eval_resize_size),
-        ):
-            if value is not None and not (isinstance(value, int) and value > 0):
-                raise ConfigValueError(f"{name} must be a positive integer or null, got {value!r}")
-        if auto_augment is not None and auto_augment not in AUTO_AUGMENT:
-            raise ConfigValueError(
-                f"auto_augment must be one of {', '.join(AUTO_AUGMENT)} or null, got {auto_augment!r}"
-            )
-        if not (isinstance(random_erasing, int | float) and 0 <= random_erasing <= 1):
-            raise ConfigValueError(
-                f"random_erasing must be a probability in [0, 1], got {random_erasing!r}"
-            )
-        self.image_size = image_size
-        self.augmentation = {
-            "eval_image_size": eval_image_size,
-            "auto_augment": auto_augment,
-            "random_erasing": random_erasing,
-        }
-        if eval_resize_size is not None:
-            if self.preset != "imagenet":
-                raise ConfigValueError(
-                    f'eval_resize_size: only for preset "imagenet", not "{self.preset}"'
-                )
-            self.augmentation["eval_resize_size"] = eval_resize_size
-
-    def transform(self, augment: bool) -> Callable:
-        size = self.image_size or IMAGE_SIZES[self.preset]
-        return PRESETS[self.preset](augment, image_size=size, **self.augmentation)
 
 
 class Cifar10DataLoader(ImageDataLoader):
@@ -130,24 +71,51 @@ class Cifar10DataLoader(ImageDataLoader):
     def location(self, split: str) -> str:
         return f"{self.data_dir / 'cifar-10-batches-py'} ({split})"
 
+    def uint8_split(self, split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dataset = self.dataset(split)  # torchvision's CIFAR10 holds .data (N, 32, 32, 3) uint8
+        return stack_arrays(dataset.data, dataset.targets, size)
+
 
 class ImageFolderDataLoader(ImageDataLoader):
     """ImageNet-style folders: data_dir/train/<class>/*, data_dir/val/<class>/*, optional test/.
 
     preset "imagenet" (RandomResizedCrop + flip; Resize + CenterCrop for evaluation, at
     image_size, default 224) or "cifar" (crop with padding + flip, 32x32 unless image_size
-    says); the augmentation arguments are ImageDataLoader's.
+    says); the augmentation arguments and `pipeline` are ImageDataLoader's.
     The "test" split is test/ when present, else val/.
+
+    decode "device": worker processes read the files' bytes, JPEGs are decoded on the training
+    device and the preset's transforms run there. pipeline "device": each split folder is
+    decoded once into cache_dir (default data_dir/.cache), reused until its files change.
     """
 
     preset = "imagenet"  # the default; data_loader.args.preset sets this loader's own
 
-    def __init__(self, data_dir: str, *, preset: str = "imagenet", **kwargs: object) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        preset: str = "imagenet",
+        decode: str = "pil",
+        cache_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         if preset not in PRESETS:
             raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
         self.preset = preset  # before ImageDataLoader checks the sizes against it
         super().__init__(**kwargs)
+        if decode not in DECODERS:
+            raise ConfigValueError(f"decode must be one of {', '.join(DECODERS)}, got {decode!r}")
+        if decode == "device" and self.pipeline == "device":
+            raise ConfigValueError(
+                'decode "device" streams files; pipeline "device" holds them decoded already: '
+                "choose one"
+            )
+        self.decode = decode
         self.data_dir = Path(data_dir)
+        self.cache_dir = self.data_dir / ".cache" if cache_dir is None else Path(cache_dir)
+        # Splits decoded by prepare_data where no cache could be written: not decoded twice.
+        self._decoded: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.mean, self.std = STATS[preset]
         if not (self.data_dir / "train").is_dir():
             raise DataError(
@@ -181,6 +149,64 @@ class ImageFolderDataLoader(ImageDataLoader):
     def class_names(self) -> list[str]:
         return list(self.dataset("train").classes)
 
+    def prepare_data(self) -> None:
+        """pipeline "device": decode what training reads into cache_dir, if it is not there yet
+        (train.py calls this on one process per node before the others read the cache)."""
+        if self.pipeline != "device":
+            return
+        needed = [("train", self.size(augment=True))]
+        source = self.validation_source()
+        if source is not None:
+            needed.append((source[0], self.size(augment=False)))
+        for split, size in needed:
+            key, dataset = (self.location(split), size), self.dataset(split)
+            path = cache_path(dataset, size, self.cache_dir)
+            if key not in self._decoded and not path.is_file():
+                images = decode_and_cache(dataset, size, path, num_workers=self.num_workers)
+                self._decoded[key] = images
+
+    def uint8_split(self, split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The split folder decoded at `size`: from cache_dir when its files are unchanged."""
+        key = (self.location(split), size)
+        if key in self._decoded:
+            return self._decoded.pop(key)
+        dataset = self.dataset(split)
+        path = cache_path(dataset, size, self.cache_dir)
+        cached = load_cached(path)
+        if cached is not None:
+            return cached
+        return decode_and_cache(dataset, size, path, num_workers=self.num_workers)
+
+    def loader(
+        self, split: str, sampler: EpochSampler, *, augment: bool, drop_last: bool = False
+    ) -> Any:
+        if self.decode != "device":
+            return super().loader(split, sampler, augment=augment, drop_last=drop_last)
+        files = self.data_loader(
+            EncodedImages(self.dataset(split).samples, load_image_tensor),
+            sampler,
+            drop_last=drop_last,
+            collate_fn=collate_encoded,
+        )
+        return DeviceDecodedBatches(
+            files,
+            dataset=self.view(split, augment),
+            transform=self.device_transform(augment),
+            normalise=Normalise(self.mean, self.std, self.device),
+            random_erasing=self.augmentation["random_erasing"] if augment else 0.0,
+            pil_decode=load_image_tensor,
+        )
+
+    def device_transform(self, augment: bool) -> Callable:
+        """The preset's per-image steps on uint8 images (crops, flips, auto_augment): its
+        transform without the conversion and normalisation, which run on the whole batch, and
+        without random erasing, which runs after them (device_decode.erase_randomly)."""
+        size = self.image_size or IMAGE_SIZES[self.preset]
+        options = {**self.augmentation, "random_erasing": 0.0}
+        steps = PRESETS[self.preset](augment, image_size=size, **options).transforms
+        assert isinstance(steps[-2], v2.ToDtype) and isinstance(steps[-1], v2.Normalize)
+        return v2.Compose(steps[:-2])
+
 
 class SyntheticDataLoader(ImageDataLoader):
     """Offline CIFAR-shaped data (3x32x32, 10 classes): see data_loader/synthetic.py.
@@ -207,6 +233,10 @@ class SyntheticDataLoader(ImageDataLoader):
 
     def class_names(self) -> list[str]:
         return list(SyntheticShapes.classes)
+
+    def uint8_split(self, split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dataset = self.dataset(split)
+        return stack_arrays(dataset.images, dataset.labels, size)
 
 
 class NoisyShapesDataLoader(BaseDataLoader):

@@ -71,11 +71,12 @@ def build_trainer(
         seed=config["seed"],
         rank=info.rank,
         num_replicas=info.world_size,
+        device=device,  # where pipeline "device" holds and augments the data
     )
     # Page-locked memory speeds up copies to CUDA only: the run's device decides, not whether
     # this machine has a GPU (device "cpu" on a GPU machine, MPS).
     data.pin_memory = data.pin_memory and capabilities(device).pin_memory
-    # Downloads happen once per node, before any rank reads the files.
+    # Downloads (and decoded-image caches) happen once per node, before any rank reads them.
     once_per_node(data.prepare_data, info)
     model = config.init_obj("arch", arch_module)
     freeze(config, model)

@@ -1,0 +1,142 @@
+"""JPEG decoding on the training device (ImageFolderDataLoader's decode "device").
+
+Worker processes only read the files' bytes. The main process decodes each batch of JPEGs with
+torchvision.io.decode_jpeg on the device, runs the preset's per-image transforms there (crops,
+flips, auto_augment), then converts, normalises and randomly erases the batch as a whole. The
+random transforms draw from the global torch RNG in the main process, which the engine seeds per
+(seed, epoch, rank) and a mid-epoch resume restores: the same draws as the uninterrupted run.
+Files that are not JPEGs are decoded by PIL in the workers, as the standard path does.
+"""
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from base.base_data_loader import DataError
+from data_loader.device_pipeline import Normalise
+from utils import describe_error
+from utils.sampler import EpochSampler
+
+JPEG_START = b"\xff\xd8\xff"  # every JPEG file begins with these bytes (SOI, then a marker)
+
+
+class EncodedImages(Dataset):
+    """(file bytes as a 1-D uint8 tensor, label, index) of each (path, label) of an ImageFolder;
+    a file that is not a JPEG comes decoded instead, (C, H, W) uint8 by `pil_decode`."""
+
+    def __init__(self, samples: list[tuple[str, int]], pil_decode: Callable) -> None:
+        self.samples, self.pil_decode = samples, pil_decode
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        path, label = self.samples[index]
+        try:
+            with open(path, "rb") as file:
+                data = file.read()
+        except OSError as error:
+            raise DataError(f"{path}: unreadable image ({describe_error(error)})") from None
+        if data.startswith(JPEG_START):
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, index
+        return self.pil_decode(path), label, index
+
+
+def collate_encoded(
+    items: list[tuple[torch.Tensor, int, int]],
+) -> tuple[list[torch.Tensor], torch.Tensor, list[int]]:
+    """A batch of EncodedImages items: (list of tensors of different sizes, labels, indices)."""
+    data, labels, indices = zip(*items, strict=True)
+    return list(data), torch.tensor(labels, dtype=torch.int64), list(indices)
+
+
+def erase_randomly(
+    images: torch.Tensor,
+    probability: float,
+    scale: tuple[float, float] = (0.02, 0.33),
+    ratio: tuple[float, float] = (0.3, 3.3),
+) -> torch.Tensor:
+    """v2.RandomErasing(probability, scale, ratio, value=0) of each image of a batch (B, C, H, W),
+    in place: the same draws from the global torch RNG, but a Python 0 as the fill (RandomErasing
+    copies a fill tensor to the device for every image, a host sync on a GPU)."""
+    _, _, height, width = images.shape
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for image in images:
+        if torch.rand(1) >= probability:
+            continue
+        for _ in range(10):  # RandomErasing's tries at a rectangle that fits
+            area = height * width * torch.empty(1).uniform_(scale[0], scale[1]).item()
+            aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).item())
+            erase_height = round(math.sqrt(area * aspect))
+            erase_width = round(math.sqrt(area / aspect))
+            if erase_height < height and erase_width < width:
+                top = int(torch.randint(0, height - erase_height + 1, size=(1,)))
+                left = int(torch.randint(0, width - erase_width + 1, size=(1,)))
+                image[:, top : top + erase_height, left : left + erase_width] = 0
+                break
+    return images
+
+
+class DeviceDecodedBatches:
+    """Batches of an image folder decoded on `device`: (images float (B, C, H, W) normalised,
+    labels int64 (B,)) there. Used by the engine as a DataLoader: .sampler, .batch_size,
+    .dataset (the split's per-sample view, for the image grid), len() and iteration."""
+
+    def __init__(
+        self,
+        files: DataLoader,
+        *,
+        dataset: Dataset,
+        transform: Callable,
+        normalise: Normalise,
+        random_erasing: float,
+        pil_decode: Callable,
+    ) -> None:
+        self.files, self.dataset, self.transform = files, dataset, transform
+        self.normalise, self.random_erasing, self.pil_decode = normalise, random_erasing, pil_decode
+        self.device = normalise.mean.device
+        self.sampler: EpochSampler = files.sampler
+        self.batch_size = files.batch_size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        samples = self.files.dataset.samples
+        for data, labels, indices in self.files:
+            images = self.decode(data, [samples[index][0] for index in indices])
+            # Crops and flips one image at a time: the images differ in size until cropped.
+            batch = torch.stack([self.transform(image) for image in images])  # (B, C, H, W)
+            batch = self.normalise(batch)
+            if self.random_erasing > 0:
+                erase_randomly(batch, self.random_erasing)
+            yield batch, labels.to(self.device, non_blocking=True)
+
+    def decode(self, data: list[torch.Tensor], paths: list[str]) -> list[torch.Tensor]:
+        """(C, H, W) uint8 images on the device: the JPEGs (1-D bytes) decoded there in one call;
+        the others came decoded from the workers."""
+        images = list(data)
+        jpegs = [position for position, item in enumerate(data) if item.dim() == 1]
+        if jpegs:
+            try:
+                decoded = decode_jpeg(
+                    [data[position] for position in jpegs],
+                    mode=ImageReadMode.RGB,
+                    device=self.device,
+                )
+            except RuntimeError:  # one file the device decoder cannot read: find it
+                decoded = [self.decode_one(data[position], paths[position]) for position in jpegs]
+            for position, image in zip(jpegs, decoded, strict=True):
+                images[position] = image
+        return [image.to(self.device, non_blocking=True) for image in images]
+
+    def decode_one(self, data: torch.Tensor, path: str) -> torch.Tensor:
+        """One JPEG on the device; one it cannot decode (damaged, or e.g. CMYK on some decoders)
+        is given to PIL, which reads what it can and names the file when it cannot."""
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            return self.pil_decode(path)

@@ -1,0 +1,162 @@
+"""ImageDataLoader: what the image classification loaders share (a transform preset, its sizes
+and augmentation, and the choice of input pipeline), and load_image, their image reader."""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from PIL import Image
+from torchvision import datasets
+from torchvision.transforms import v2
+
+from base import BaseDataLoader
+from base.base_data_loader import DataError
+from data_loader.device_pipeline import DeviceBatches, Normalise
+from data_loader.image_cache import decode_split
+from data_loader.transforms import AUTO_AUGMENT, IMAGE_SIZES, PRESETS
+from utils import ConfigValueError, describe_error
+from utils.sampler import EpochSampler
+
+# data_loader.args.pipeline: per-sample transforms in DataLoader workers, or the split held on
+# the training device and augmented there a batch at a time (data_loader/device_pipeline.py).
+PIPELINES = ("dataloader", "device")
+
+
+def load_image(path: str) -> Image.Image:
+    """ImageFolder's loader, with a file PIL cannot read reported as a DataError naming it."""
+    try:
+        return datasets.folder.default_loader(path)
+    # PIL reports a broken file as OSError (also UnidentifiedImageError, "image file is
+    # truncated"), SyntaxError or ValueError, depending on the format and the damage.
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise DataError(
+            f"{path}: unreadable image ({describe_error(error)}); replace or remove it"
+        ) from None
+
+
+def load_image_tensor(path: str) -> torch.Tensor:
+    """load_image's image as a (C, H, W) uint8 tensor."""
+    return v2.functional.pil_to_tensor(load_image(path))
+
+
+class ImageDataLoader(BaseDataLoader):
+    """What the image classification loaders share: a transform preset ("cifar" unless the
+    loader says otherwise) and its sizes and augmentation, from data_loader.args:
+
+    image_size (training; the preset's default), eval_image_size (evaluation crop; default
+    image_size), eval_resize_size ("imagenet": resize before that crop; default crop x 256/224),
+    auto_augment ("trivialaugment", "randaugment" or "autoaugment"; null: none),
+    random_erasing (the probability of erasing a random rectangle of a training image) and
+    pipeline: "dataloader" (the transform per sample, in num_workers worker processes) or
+    "device" (preset "cifar": the split held as uint8 images on the training device, cropped,
+    flipped and normalised there a batch at a time; no worker processes).
+    """
+
+    preset = "cifar"
+
+    def __init__(
+        self,
+        *,
+        image_size: int | None = None,
+        eval_image_size: int | None = None,
+        eval_resize_size: int | None = None,
+        auto_augment: str | None = None,
+        random_erasing: float = 0.0,
+        pipeline: str = "dataloader",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, value in (
+            ("image_size", image_size),
+            ("eval_image_size", eval_image_size),
+            ("eval_resize_size", eval_resize_size),
+        ):
+            if value is not None and not (isinstance(value, int) and value > 0):
+                raise ConfigValueError(f"{name} must be a positive integer or null, got {value!r}")
+        if auto_augment is not None and auto_augment not in AUTO_AUGMENT:
+            raise ConfigValueError(
+                f"auto_augment must be one of {', '.join(AUTO_AUGMENT)} or null, got {auto_augment!r}"
+            )
+        if not (isinstance(random_erasing, int | float) and 0 <= random_erasing <= 1):
+            raise ConfigValueError(
+                f"random_erasing must be a probability in [0, 1], got {random_erasing!r}"
+            )
+        self.image_size = image_size
+        self.augmentation = {
+            "eval_image_size": eval_image_size,
+            "auto_augment": auto_augment,
+            "random_erasing": random_erasing,
+        }
+        if eval_resize_size is not None:
+            if self.preset != "imagenet":
+                raise ConfigValueError(
+                    f'eval_resize_size: only for preset "imagenet", not "{self.preset}"'
+                )
+            self.augmentation["eval_resize_size"] = eval_resize_size
+        self.pipeline = pipeline
+        self.check_pipeline()
+        # (where the split comes from, size) -> (uint8 images, labels) on self.device.
+        self._on_device: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def check_pipeline(self) -> None:
+        """Refuse what the device pipeline does not do, saying what to use instead."""
+        if self.pipeline not in PIPELINES:
+            raise ConfigValueError(
+                f"pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}"
+            )
+        if self.pipeline != "device":
+            return
+        if self.preset != "cifar":
+            raise ConfigValueError(
+                f'pipeline "device": only for preset "cifar" (crop with padding + flip), not '
+                f'"{self.preset}"; for larger images use "decode": "device" (ImageFolderDataLoader)'
+            )
+        for name in ("auto_augment", "random_erasing"):
+            if self.augmentation[name]:
+                raise ConfigValueError(
+                    f'{name}: not with pipeline "device", which augments by crop and flip '
+                    f'only; use pipeline "dataloader" for it'
+                )
+
+    def transform(self, augment: bool) -> Callable:
+        size = self.image_size or IMAGE_SIZES[self.preset]
+        return PRESETS[self.preset](augment, image_size=size, **self.augmentation)
+
+    def size(self, augment: bool) -> int:
+        """The side of the (square, for "cifar") images the model sees in training or evaluation."""
+        train_size = self.image_size or IMAGE_SIZES[self.preset]
+        return train_size if augment else self.augmentation["eval_image_size"] or train_size
+
+    def loader(
+        self, split: str, sampler: EpochSampler, *, augment: bool, drop_last: bool = False
+    ) -> Any:
+        if self.pipeline != "device":
+            return super().loader(split, sampler, augment=augment, drop_last=drop_last)
+        images, labels = self.device_split(split, self.size(augment))
+        return DeviceBatches(
+            images,
+            labels,
+            sampler,
+            dataset=self.view(split, augment),
+            batch_size=self.batch_size,
+            drop_last=drop_last,
+            augment=augment,
+            normalise=Normalise(self.mean, self.std, self.device),
+            seed=self.seed,
+        )
+
+    def device_split(self, split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`split` at `size` as uint8 images (N, C, size, size) and labels (N,) on self.device,
+        made once (splits from the same place, e.g. an ImageFolder's val/ as "val" and
+        "test", share it)."""
+        key = (self.location(split), size)
+        if key not in self._on_device:
+            images, labels = self.uint8_split(split, size)
+            self._on_device[key] = images.to(self.device), labels.to(self.device)
+        return self._on_device[key]
+
+    def uint8_split(self, split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`split` as (uint8 (N, C, size, size), int64 labels (N,)) on the CPU, each image as the
+        cifar preset's first steps make it (v2.ToImage, v2.Resize((size, size))). Subclasses
+        with the images in one array, or a cache, override it."""
+        return decode_split(self.dataset(split), size, num_workers=self.num_workers)
