@@ -40,6 +40,11 @@ def all_batches(loader: torch.utils.data.DataLoader) -> tuple[torch.Tensor, torc
     return torch.cat(images), torch.cat(labels)
 
 
+# The loaders' input pipelines: per-sample transforms in a DataLoader (the default), or the split
+# held on the training device (here the CPU) and augmented there a batch at a time.
+PIPELINES = pytest.mark.parametrize("pipeline", ["dataloader", "device"])
+
+
 # --- synthetic data --------------------------------------------------------------------------
 
 
@@ -144,8 +149,9 @@ def test_validation_split_leaving_no_training_data(validation_split):
         synthetic(validation_split=validation_split).split_indices()
 
 
-def test_validation_loader_is_not_augmented():
-    data = synthetic()
+@PIPELINES
+def test_validation_loader_is_not_augmented(pipeline):
+    data = synthetic(pipeline=pipeline)
     torch.manual_seed(1)
     first_images, first_labels = all_batches(data.val_loader())
     torch.manual_seed(2)
@@ -162,8 +168,10 @@ def test_validation_loader_is_not_augmented():
         assert first_labels[position].item() == label
 
 
-def test_training_loader_augments_differently_each_epoch():
-    data = synthetic(shuffle=False)  # a fixed order, so batch 0 holds the same samples each epoch
+@PIPELINES
+def test_training_loader_augments_differently_each_epoch(pipeline):
+    # A fixed order, so batch 0 holds the same samples each epoch.
+    data = synthetic(pipeline=pipeline, shuffle=False)
     loader = data.train_loader()
 
     def first_batch(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,8 +188,9 @@ def test_training_loader_augments_differently_each_epoch():
     assert torch.equal(first_batch(1)[0], epoch_1_images)
 
 
-def test_eval_loader_splits():
-    data = synthetic()
+@PIPELINES
+def test_eval_loader_splits(pipeline):
+    data = synthetic(pipeline=pipeline)
     val_images, val_labels = all_batches(data.val_loader())
     eval_images, eval_labels = all_batches(data.eval_loader("val"))
     assert torch.equal(val_images, eval_images) and torch.equal(val_labels, eval_labels)
@@ -297,8 +306,9 @@ def cifar(data_dir: Path, **kwargs) -> Cifar10DataLoader:
     return Cifar10DataLoader(str(data_dir), **args)
 
 
-def test_cifar10_reads_torchvision_format(cifar_dir):
-    data = cifar(cifar_dir)
+@PIPELINES
+def test_cifar10_reads_torchvision_format(cifar_dir, pipeline):
+    data = cifar(cifar_dir, pipeline=pipeline)
     assert len(data.dataset("train")) == 5 * NUM_PER_BATCH
     assert data.class_names() == CIFAR_CLASSES
     assert len(data.train_loader().sampler) == 100
@@ -319,8 +329,9 @@ def test_cifar10_reads_torchvision_format(cifar_dir):
     assert test_labels.tolist() == [offset % 10 for offset in range(NUM_TEST)]
 
 
-def test_cifar10_validation_split(cifar_dir):
-    data = cifar(cifar_dir, validation_split=0.25)
+@PIPELINES
+def test_cifar10_validation_split(cifar_dir, pipeline):
+    data = cifar(cifar_dir, validation_split=0.25, pipeline=pipeline)
     train, val = data.split_indices()
     assert len(train) == 75 and len(val) == 25
     assert len(data.train_loader().sampler) == 75
@@ -360,13 +371,26 @@ def image_folder(root: Path, **kwargs) -> ImageFolderDataLoader:
     return ImageFolderDataLoader(str(root), **{"batch_size": 4, "seed": 0, **kwargs})
 
 
+# The DataLoader path; the split on the device (cifar); JPEGs decoded on the device.
+FOLDER_PATHS = {
+    "dataloader": {},
+    "pipeline": {"pipeline": "device"},
+    "decode": {"decode": "device"},
+}
+
+
 @pytest.mark.parametrize(
-    ("preset", "image_size", "size"),
-    [("cifar", None, 32), ("imagenet", 64, 64)],
+    ("preset", "image_size", "size", "path"),
+    [
+        ("cifar", None, 32, "dataloader"),
+        ("imagenet", 64, 64, "dataloader"),
+        ("cifar", None, 32, "pipeline"),
+        ("imagenet", 64, 64, "decode"),
+    ],
 )
-def test_image_folder_presets_give_the_configured_size(tmp_path, preset, image_size, size):
+def test_image_folder_presets_give_the_configured_size(tmp_path, preset, image_size, size, path):
     root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": CLASSES})
-    data = image_folder(root, preset=preset, image_size=image_size)
+    data = image_folder(root, preset=preset, image_size=image_size, **FOLDER_PATHS[path])
     assert data.class_names() == CLASSES
     train_images, train_labels = all_batches(data.train_loader())
     assert train_images.shape == (9, 3, size, size)
@@ -376,9 +400,11 @@ def test_image_folder_presets_give_the_configured_size(tmp_path, preset, image_s
     assert val_images.shape == (9, 3, size, size)
 
 
-def test_image_folder_test_split_falls_back_to_val(tmp_path):
+@pytest.mark.parametrize("path", FOLDER_PATHS)
+def test_image_folder_test_split_falls_back_to_val(tmp_path, path):
     root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": CLASSES})
-    data = image_folder(root, preset="imagenet", image_size=32)
+    preset = "cifar" if path == "pipeline" else "imagenet"
+    data = image_folder(root, preset=preset, image_size=32, **FOLDER_PATHS[path])
     assert data.splits == ("train", "val", "test")
     val_images, val_labels = all_batches(data.eval_loader("val"))
     test_images, test_labels = all_batches(data.eval_loader("test"))

@@ -261,12 +261,13 @@ def make_image_folder(root: Path, classes: list[str], *, num_images: int = 2) ->
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
-def test_an_unreadable_image_is_a_data_error_naming_it(tmp_path, num_workers):
+@pytest.mark.parametrize("path", [{}, {"pipeline": "device"}, {"decode": "device"}], ids=str)
+def test_an_unreadable_image_is_a_data_error_naming_it(tmp_path, num_workers, path):
     root = make_image_folder(tmp_path / "images", ["a", "b"])
     broken = root / "train" / "b" / "1.png"
     broken.write_bytes(broken.read_bytes()[:40])  # truncated
     data = ImageFolderDataLoader(
-        str(root), batch_size=4, seed=0, preset="cifar", num_workers=num_workers
+        str(root), batch_size=4, seed=0, preset="cifar", num_workers=num_workers, **path
     )
     with pytest.raises(DataError) as error:
         list(data.train_loader())
