@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of the template on a CUDA machine, in one go: sized for about 6 minutes on one H200,
-# at most 8. Every step has its own time limit and a failed step does not stop the others.
+# GPU check of the template on a CUDA machine, in one go: sized for about 8 minutes on one H200,
+# at most 11. Every step has its own time limit and a failed step does not stop the others.
 # Prints, all to stdout:
 #   1. the GPU (nvidia-smi) and the torch build;
 #   2. benchmarks/throughput.py on cuda: fp32 / bf16 / channels_last / compile samples/s;
@@ -13,7 +13,11 @@
 #   6. one torchrun run (1 process) with the NCCL backend;
 #   7. configs/finetune.json: a resnet18 state-dict file as the pretrained weights, frozen
 #      layers, a new 10-class head, on a generated image folder;
-#   8. the GPU-marked tests: python -m pytest -q -m gpu (the no-sync tests, fp16 + fused).
+#   8. the input pipelines: benchmarks/input_pipeline.py (loader alone: CIFAR-size data through
+#      the DataLoader vs pipeline "device"; 224 px JPEGs decoded by PIL workers vs on the GPU),
+#      then benchmarks/pipeline_training.py (config.json's model on a generated CIFAR-size
+#      JPEG folder with each pipeline: samples/s, data-wait fraction, val/accuracy);
+#   9. the GPU-marked tests: python -m pytest -q -m gpu (the no-sync tests, fp16 + fused).
 # Exit status: 0 when every step passed, else 1 (the failed steps are listed at the end).
 #
 #   bash benchmarks/gpu_check.sh          # on the GPU machine
@@ -33,12 +37,19 @@ fi
 if [[ $mode == gpu ]]; then
     device=cuda n_gpu=1 backend=nccl epochs=3
     throughput_args=()
+    # 8 DataLoader workers for the paths that have them; 20,000 + 2,000 CIFAR-size images.
+    pipeline_args=(--num-workers 8 --jpeg-images 2000)
+    pipeline_training_args=(--num-workers 8 --batch-size 256 --epochs 3 --seeds 0)
+    per_class=(2000 200)
     # A bigger batch than the demo's 64 and worker processes, so the input pipeline keeps up.
     train_args=(--bs 256 --set data_loader.args.num_workers=8
         --set data_loader.args.persistent_workers=true)
 else
     device=cpu n_gpu=0 backend=gloo epochs=2
     throughput_args=(--steps 1 --rounds 1 --warmup 1 --batch-size 16)
+    pipeline_args=(--quick --jpeg-images 64)
+    pipeline_training_args=(--quick --batch-size 32)
+    per_class=(20 5)
     train_args=(--bs 32 --set trainer.len_epoch=4 --set data_loader.args.num_train=512
         --set data_loader.args.num_test=64)
 fi
@@ -285,6 +296,31 @@ print(f"epoch {state['epoch']}: val/accuracy {state['metrics']['val/accuracy']:.
       f"frozen tensors changed: {len(changed)}")
 sys.exit(0 if not changed and state["model"]["network.fc.weight"].shape[0] == 10 else 1)
 EOF
+
+# 8. Input pipelines: the loader alone, then training config.json's model with each pipeline.
+run_step "input_pipeline.py on $device" 240 \
+    "$PYTHON" benchmarks/input_pipeline.py --device "$device" "${pipeline_args[@]}"
+run_step "CIFAR-size JPEG folder" 120 \
+    "$PYTHON" - "$work_dir/cifar_size" "${per_class[@]}" <<'EOF'
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+from data_loader.synthetic import CLASS_NAMES, generate
+
+folder, counts = Path(sys.argv[1]), {"train": int(sys.argv[2]), "val": int(sys.argv[3])}
+for split, count in counts.items():
+    images, labels = generate(count * len(CLASS_NAMES), seed=[11, int(split == "val")])
+    for index, (image, label) in enumerate(zip(images, labels)):
+        class_folder = folder / split / CLASS_NAMES[label]
+        class_folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(class_folder / f"{index}.jpg", quality=95)
+print(f"{folder}: {sum(counts.values()) * len(CLASS_NAMES)} 32x32 JPEGs")
+EOF
+run_step "pipeline_training.py: config.json on $device, each pipeline" 300 \
+    "$PYTHON" benchmarks/pipeline_training.py --config config.json --n-gpu "$n_gpu" \
+    --data-dir "$work_dir/cifar_size" "${pipeline_training_args[@]}"
 
 run_step "pytest -m gpu" 240 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider
 

@@ -107,6 +107,29 @@ def test_single_process_test_py_reproduces_the_distributed_validation(
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
 
 
+@pytest.mark.slow
+def test_two_processes_with_the_split_on_the_device(config_path: Path, tmp_path: Path) -> None:
+    """pipeline "device": each rank gathers its own shard on the device, and validation over
+    both ranks counts every sample once, as test.py in one process does."""
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config_path), "--epochs", "1",
+        "--run-id", "on-device", "--set", "data_loader.args.pipeline=device",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = epoch_lines(result.stdout)
+    assert set(lines) == {0, 1} and lines[0] == lines[1]
+    checkpoint = config_path.parent / "saved" / RUN / "on-device" / "checkpoint-epoch1.pth"
+    recorded = torch.load(checkpoint, weights_only=True)
+    assert recorded["global_step"] == 9  # 544 samples / (32 x 2 ranks), rounded up
+    output = tmp_path / "val.json"
+    result = run_script("test.py", "-r", str(checkpoint), "--split", "val", "--json", str(output))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(output.read_text())
+    assert report["num_samples"] == 96
+    assert report["metrics"]["val/accuracy"] == recorded["metrics"]["val/accuracy"]
+    assert report["metrics"]["val/loss"] == pytest.approx(recorded["metrics"]["val/loss"], rel=1e-6)
+
+
 def test_a_two_process_checkpoint_resumes_in_one_process_and_back(
     two_process_run: dict, config_path: Path
 ) -> None:
