@@ -13,7 +13,7 @@ preset (RandomResizedCrop + flip) with decode "pil" (PIL in the workers) and dec
 other processes hits all of them alike; printed is each path's median rate and its ratio to the
 first path of its data. On CUDA every pass ends with a synchronize, so device work is counted.
 
-python benchmarks/input_pipeline.py [--device cuda] [--jpeg-images 2000] [--quick]
+python benchmarks/input_pipeline.py [--device cuda] [--jpeg-images 2000] [--threads 1] [--quick]
 """
 
 import argparse
@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--jpeg-images", type=int, default=0, help="also decode this many 224 px JPEGs (0: no)"
     )
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's own choice)")
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 1024 images, 1 round, batch 256"
     )
@@ -100,6 +101,10 @@ def measure(loaders: dict[str, object], args: argparse.Namespace, device: torch.
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.threads:
+        # On a busy CPU, threads that wait for each other at every operation cost more than
+        # they give: the worker processes run one thread each.
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     workers = {
         "num_workers": args.num_workers,

@@ -6,6 +6,7 @@ device is the CPU: the same code runs on a GPU."""
 import json
 import os
 import signal
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -312,6 +313,50 @@ def test_erase_randomly_erases_one_rectangle_per_image_with_its_probability():
         assert area == len(rows) and torch.equal(image[0] == 0, image[2] == 0)  # one rectangle
     untouched = torch.ones(4, 3, 16, 16)
     assert torch.equal(erase_randomly(untouched, 0.0), torch.ones(4, 3, 16, 16))
+
+
+# --- on a GPU (gpu_check.sh runs these) ------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_batches_equal_the_cpus_and_make_no_host_device_sync():
+    data = synthetic(pipeline="device", device="cuda", num_train=200)
+    on_cpu = synthetic(pipeline="device", num_train=200)
+    torch.testing.assert_close(
+        all_batches(data.eval_loader("test"))[0].cpu(), all_batches(on_cpu.eval_loader("test"))[0]
+    )
+    loader = data.train_loader()
+    loader.sampler.set_epoch(1)
+    batches = iter(loader)
+    images, labels = next(batches)  # the pass's indices are copied to the GPU here, once
+    assert images.is_cuda and labels.is_cuda and images.shape == (8, 3, 32, 32)
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert len(list(batches)) == len(loader) - 1
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(warning.message) for warning in caught if "synchroniz" in str(warning.message)]
+    assert not syncs, syncs
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_jpegs_decode_close_to_pil(tmp_path):
+    root = write_images(tmp_path / "images", {"train": ".jpg", "val": ".jpg"})
+    args = {"batch_size": 4, "seed": 0, "preset": "imagenet", "image_size": 32}
+    expected, expected_labels = all_batches(ImageFolderDataLoader(str(root), **args).val_loader())
+    data = ImageFolderDataLoader(str(root), decode="device", device="cuda", **args)
+    images, labels = all_batches(data.val_loader())
+    assert images.is_cuda and torch.equal(labels.cpu(), expected_labels)
+    # nvJPEG and libjpeg-turbo may round differently: within 3 / 255 of the pixel range.
+    torch.testing.assert_close(images.cpu(), expected, atol=3 / 255 / 0.22, rtol=0)
+    train_images, _ = all_batches(data.train_loader())
+    assert train_images.is_cuda and train_images.shape == (9, 3, 32, 32)
 
 
 # --- end to end: train.py stopped inside an epoch resumes bit-exact ---------------------------
