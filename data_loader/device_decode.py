@@ -98,6 +98,8 @@ class DeviceDecodedBatches:
         self.files, self.dataset, self.transform = files, dataset, transform
         self.normalise, self.random_erasing, self.pil_decode = normalise, random_erasing, pil_decode
         self.device = normalise.mean.device
+        # decode_jpeg runs on the CPU and on CUDA; elsewhere (MPS) the CPU decodes.
+        self.decoder = self.device if self.device.type == "cuda" else torch.device("cpu")
         self.sampler: EpochSampler = files.sampler
         self.batch_size = files.batch_size
 
@@ -125,7 +127,7 @@ class DeviceDecodedBatches:
                 decoded = decode_jpeg(
                     [data[position] for position in jpegs],
                     mode=ImageReadMode.RGB,
-                    device=self.device,
+                    device=self.decoder,
                 )
             except RuntimeError:  # one file the device decoder cannot read: find it
                 decoded = [self.decode_one(data[position], paths[position]) for position in jpegs]
@@ -137,6 +139,6 @@ class DeviceDecodedBatches:
         """One JPEG on the device; one it cannot decode (damaged, or e.g. CMYK on some decoders)
         is given to PIL, which reads what it can and names the file when it cannot."""
         try:
-            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.decoder)
         except RuntimeError:
             return self.pil_decode(path)
