@@ -48,12 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's own choice)")
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 1024 images, 1 round, batch 256"
+        "--quick", action="store_true", help="a smoke run: at most 1024 images, batch 256, 64 JPEGs"
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.num_images, args.rounds, args.batch_size = 1024, 1, 256
-        args.jpeg_images = min(args.jpeg_images, 64)
+        args.num_images, args.batch_size = min(args.num_images, 1024), min(args.batch_size, 256)
+        args.rounds, args.jpeg_images = 1, min(args.jpeg_images, 64)
     return args
 
 

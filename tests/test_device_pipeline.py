@@ -3,6 +3,7 @@ on the training device, augmented there a batch at a time, for CIFAR-size data; 
 cache for image folders) and decode "device" (JPEGs decoded on the training device). Here the
 device is the CPU: the same code runs on a GPU."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -410,3 +411,16 @@ def test_a_run_stopped_mid_epoch_resumes_bit_exact(tmp_path, monkeypatch, path):
     for key, value in straight["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
     assert resumed["metrics"]["train/loss"] == straight["metrics"]["train/loss"]
+
+
+def test_the_loader_benchmark_runs(capsys):
+    path = ROOT / "benchmarks" / "input_pipeline.py"
+    spec = importlib.util.spec_from_file_location("input_pipeline", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    args = ["--quick", "--device", "cpu", "--num-workers", "1", "--num-images", "128"]
+    benchmark.main([*args, "--batch-size", "32", "--jpeg-images", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    for path_name in ("CIFAR-size, pipeline device", "224 px JPEG, decode device"):
+        (line,) = [line for line in lines if path_name in line]
+        assert float(line.split()[-3]) > 0  # samples/s
