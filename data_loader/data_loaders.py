@@ -162,8 +162,8 @@ class ImageFolderDataLoader(ImageDataLoader):
             key, dataset = (self.location(split), size), self.dataset(split)
             path = cache_path(dataset, size, self.cache_dir)
             if key not in self._decoded and not path.is_file():
-                images = decode_and_cache(dataset, size, path, num_workers=self.num_workers)
-                self._decoded[key] = images
+                decoded = decode_and_cache(dataset, size, path, num_workers=self.num_workers)
+                self._decoded[key] = decoded
 
     def uint8_split(self, split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The split folder decoded at `size`: from cache_dir when its files are unchanged."""

@@ -37,7 +37,7 @@ def crop_and_flip(
 ) -> torch.Tensor:
     """v2.RandomCrop(size, padding) then v2.RandomHorizontalFlip() of every image of a uint8
     batch (B, C, H, W), the offsets and flips drawn per image from `generator` (on the batch's
-    device): one gather for the whole batch."""
+    device): two gathers for the whole batch, no loop over its images."""
     num_images, num_channels, height, width = images.shape
     device = images.device
     # Zero padding, as RandomCrop pads uint8 images: a crop shows up to `padding` black lines.

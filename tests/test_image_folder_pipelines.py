@@ -1,0 +1,225 @@
+"""Image folders through the device pipelines: pipeline "device"'s decoded-image cache, and
+decode "device" (JPEGs decoded on the training device, the preset's transforms there), against
+the PIL path; and both end to end, a run stopped inside an epoch resuming bit-exact. Here the
+device is the CPU: the same code runs on a GPU (the gpu-marked test)."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, shrink
+from PIL import Image
+from test_device_pipeline import all_batches
+
+import data_loader.image_cache
+import train
+import trainer as trainer_module
+from base.base_data_loader import DataError
+from data_loader.data_loaders import ImageFolderDataLoader
+from data_loader.device_decode import EncodedImages, erase_randomly
+from data_loader.image_loader import load_image_tensor
+from trainer import Trainer
+
+
+def write_images(root: Path, suffixes: dict[str, str], *, size: int = 36, count: int = 3) -> Path:
+    """root/<split>/<class>/<n><suffix> for the classes a, b, c, `count` images each: smooth
+    colour fields (JPEG keeps them close to what was written); suffixes: {split: suffix}."""
+    rng = np.random.default_rng(0)
+    for split, suffix in suffixes.items():
+        for name in ("a", "b", "c"):
+            (root / split / name).mkdir(parents=True)
+            for index in range(count):
+                coarse = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+                image = Image.fromarray(coarse).resize((size, size), Image.Resampling.BICUBIC)
+                image.save(root / split / name / f"{index}{suffix}")
+    return root
+
+
+def test_an_image_folder_is_decoded_once_into_the_cache(tmp_path, monkeypatch, caplog):
+    root = write_images(tmp_path / "images", {"train": ".png", "val": ".png"})
+    args = {"batch_size": 4, "seed": 0, "preset": "cifar", "pipeline": "device"}
+    data = ImageFolderDataLoader(str(root), **args)
+    data.prepare_data()  # what train.py runs once per node
+    cache = root / ".cache"
+    train_file, val_file = (next(cache.glob(f"{split}-32px-*.pt")) for split in ("train", "val"))
+    standard = ImageFolderDataLoader(str(root), batch_size=4, seed=0, preset="cifar")
+    assert torch.equal(all_batches(data.val_loader())[0], all_batches(standard.val_loader())[0])
+
+    # The next run reads the files back: nothing is decoded.
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(data_loader.image_cache, "decode_split", no_decoding)
+    again = ImageFolderDataLoader(str(root), **args)
+    again.prepare_data()
+    with caplog.at_level("INFO", logger="data"):
+        assert torch.equal(all_batches(again.val_loader())[0], all_batches(data.val_loader())[0])
+    assert f"Decoded images: reusing {val_file}" in caplog.text
+    monkeypatch.undo()
+
+    # A changed file makes a new fingerprint: that split is decoded again, its old file removed.
+    changed = root / "train" / "b" / "1.png"
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    ImageFolderDataLoader(str(root), **args).prepare_data()
+    assert next(cache.glob("val-32px-*.pt")) == val_file
+    (new_train_file,) = cache.glob("train-32px-*.pt")
+    assert new_train_file != train_file
+
+
+def test_an_unwritable_cache_folder_is_a_warning(tmp_path, caplog):
+    root = write_images(tmp_path / "images", {"train": ".png"})
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    data = ImageFolderDataLoader(
+        str(root), batch_size=4, seed=0, preset="cifar", pipeline="device", cache_dir=not_a_folder
+    )
+    with caplog.at_level("WARNING", logger="data"):
+        images, labels = all_batches(data.train_loader())
+    assert images.shape == (9, 3, 32, 32) and sorted(labels.tolist()) == [0] * 3 + [1] * 3 + [2] * 3
+    assert f"Cannot write the decoded-image cache {not_a_folder}/" in caplog.text
+    assert "set data_loader.args.cache_dir to a writable folder" in caplog.text
+
+
+@pytest.mark.parametrize("preset", ["cifar", "imagenet"])
+def test_decoding_on_the_device_matches_pil(tmp_path, preset):
+    root = write_images(tmp_path / "images", {"train": ".jpg", "val": ".jpg"})
+    png = root / "val" / "b" / "1.png"  # one PNG among the JPEGs: PIL decodes it in the workers
+    Image.open(png.with_suffix(".jpg")).save(png)
+    png.with_suffix(".jpg").unlink()
+    args = {"batch_size": 4, "seed": 0, "preset": preset, "image_size": 32}
+    standard = ImageFolderDataLoader(str(root), **args)
+    data = ImageFolderDataLoader(str(root), decode="device", **args)
+    samples = data.dataset("val").samples
+    position = [path for path, _ in samples].index(str(png))
+    encoded = EncodedImages(samples, load_image_tensor)
+    assert encoded[position][0].dim() == 3 and encoded[0][0].dim() == 1
+    expected, expected_labels = all_batches(standard.val_loader())
+    images, labels = all_batches(data.val_loader())
+    assert torch.equal(labels, expected_labels)
+    assert torch.equal(images[position], expected[position])
+    # JPEG decoders may differ by a level or two: within 3 / 255 of the pixel range.
+    torch.testing.assert_close(images, expected, atol=3 / 255 / 0.22, rtol=0)
+
+
+def test_decoded_training_batches_replay_from_a_resume_point(tmp_path):
+    root = write_images(tmp_path / "images", {"train": ".jpg"})
+    data = ImageFolderDataLoader(
+        str(root), batch_size=2, seed=0, preset="imagenet", image_size=24, decode="device",
+        random_erasing=0.5, num_workers=1,
+    )  # fmt: skip
+    loader = data.train_loader()
+    torch.manual_seed(5)  # the engine seeds the global RNG per (seed, epoch, rank)
+    loader.sampler.set_epoch(1)
+    whole, state = [], None
+    for number, batch in enumerate(loader):
+        whole.append(batch)
+        if number == 1:  # two batches done: what a checkpoint saved now holds
+            state = torch.get_rng_state()
+    assert [images.shape for images, _ in whole] == [(2, 3, 24, 24)] * 4 + [(1, 3, 24, 24)]
+    torch.manual_seed(6)
+    loader.sampler.set_epoch(1, start=2 * 2)
+    tail = iter(loader)
+    torch.set_rng_state(state)  # restored at the resume point, before the first batch
+    for (images, labels), (expected_images, expected_labels) in zip(tail, whole[2:], strict=True):
+        assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
+
+
+def test_a_damaged_jpeg_is_named(tmp_path):
+    root = write_images(tmp_path / "images", {"train": ".jpg"})
+    damaged = root / "train" / "c" / "2.jpg"
+    damaged.write_bytes(damaged.read_bytes()[:3] + b"\x07" * 200)
+    data = ImageFolderDataLoader(str(root), batch_size=16, seed=0, decode="device")
+    with pytest.raises(DataError) as error:
+        list(data.train_loader())
+    message = str(error.value)
+    assert message.startswith(f"{damaged}: unreadable image (") and "\n" not in message
+
+
+def test_erase_randomly_erases_one_rectangle_per_image_with_its_probability():
+    images = torch.ones(200, 3, 16, 16)
+    erase_randomly(images, 0.5)
+    erased = (images == 0).flatten(1).any(1)
+    assert 0.35 < erased.float().mean() < 0.65
+    for image in images[erased]:
+        rows, columns = torch.nonzero(image[0] == 0, as_tuple=True)
+        area = (rows.max() - rows.min() + 1) * (columns.max() - columns.min() + 1)
+        assert area == len(rows) and torch.equal(image[0] == 0, image[2] == 0)  # one rectangle
+    untouched = torch.ones(4, 3, 16, 16)
+    assert torch.equal(erase_randomly(untouched, 0.0), torch.ones(4, 3, 16, 16))
+
+
+# --- on a GPU (gpu_check.sh runs it) --------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_jpegs_decode_close_to_pil(tmp_path):
+    root = write_images(tmp_path / "images", {"train": ".jpg", "val": ".jpg"})
+    args = {"batch_size": 4, "seed": 0, "preset": "imagenet", "image_size": 32}
+    expected, expected_labels = all_batches(ImageFolderDataLoader(str(root), **args).val_loader())
+    data = ImageFolderDataLoader(str(root), decode="device", device="cuda", **args)
+    images, labels = all_batches(data.val_loader())
+    assert images.is_cuda and torch.equal(labels.cpu(), expected_labels)
+    # nvJPEG and libjpeg-turbo may round differently: within 3 / 255 of the pixel range.
+    torch.testing.assert_close(images.cpu(), expected, atol=3 / 255 / 0.22, rtol=0)
+    train_images, _ = all_batches(data.train_loader())
+    assert train_images.is_cuda and train_images.shape == (9, 3, 32, 32)
+
+
+# --- end to end: train.py stopped inside an epoch resumes bit-exact ---------------------------
+
+
+class StopAt(Trainer):
+    """Asks to stop (as SIGTERM would) once the optimizer step stop_at_step has been taken."""
+
+    def __init__(self, *args, stop_at_step: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_at_step = stop_at_step
+
+    def training_step(self, batch):
+        if self.global_step + 1 == self.stop_at_step:
+            self.stop.signum = signal.SIGTERM
+        return super().training_step(batch)
+
+
+def final_model(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoint-epoch2.pth", weights_only=True)
+
+
+@pytest.mark.parametrize("path", ["pipeline", "decode"])
+def test_a_run_stopped_mid_epoch_resumes_bit_exact(tmp_path, monkeypatch, path):
+    monkeypatch.setattr(trainer_module, "StopAt", StopAt, raising=False)
+    monkeypatch.setattr(trainer_module, "__all__", [*trainer_module.__all__, "StopAt"])
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    if path == "pipeline":  # 256 training samples: 8 steps per epoch
+        config["data_loader"]["args"]["pipeline"] = "device"
+    else:  # 30 training images in batches of 4: 8 steps per epoch
+        suffixes = {"train": ".jpg", "val": ".jpg"}
+        root = write_images(tmp_path / "images", suffixes, size=32, count=10)
+        args = {"data_dir": str(root), "preset": "cifar", "decode": "device", "batch_size": 4}
+        config["data_loader"] = {"type": "ImageFolderDataLoader", "args": args}
+        config["arch"]["args"]["num_classes"] = 3
+    config["arch"]["args"]["dropout"] = 0.2
+    config["trainer"].update(deterministic=True, type="StopAt")
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(config))
+    # TensorBoard on: its image grid reads the loader's .dataset.
+    assert train.main(["-c", str(config_path), "--run-id", "straight"]) == 0
+    run_dir = tmp_path / "saved" / "models" / "Demo_CifarCNN"
+    assert any((tmp_path / "saved" / "log" / "Demo_CifarCNN" / "straight").glob("events.*"))
+    stop = ["--set", "trainer.tensorboard=false", "--set", "trainer.args.stop_at_step=10"]
+    assert (
+        train.main(["-c", str(config_path), "--run-id", "stopped", *stop]) == 128 + signal.SIGTERM
+    )
+    (saved,) = (run_dir / "stopped").glob("checkpoint-epoch2-batch*.pth")
+    assert train.main(["-r", str(saved), "--set", "trainer.args.stop_at_step=0"]) == 0
+    straight, resumed = final_model(run_dir / "straight"), final_model(run_dir / "stopped")
+    for key, value in straight["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+    assert resumed["metrics"]["train/loss"] == straight["metrics"]["train/loss"]
