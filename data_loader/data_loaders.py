@@ -1,5 +1,6 @@
 """The data loaders a config can name in data_loader.type."""
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ class ImageFolderDataLoader(ImageDataLoader):
         *,
         preset: str = "imagenet",
         decode: str = "pil",
-        cache_dir: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
         **kwargs: Any,
     ) -> None:
         if preset not in PRESETS:
@@ -111,6 +112,8 @@ class ImageFolderDataLoader(ImageDataLoader):
                 'decode "device" streams files; pipeline "device" holds them decoded already: '
                 "choose one"
             )
+        if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
+            raise ConfigValueError(f"cache_dir must be a folder path or null, got {cache_dir!r}")
         self.decode = decode
         self.data_dir = Path(data_dir)
         self.cache_dir = self.data_dir / ".cache" if cache_dir is None else Path(cache_dir)

@@ -170,6 +170,8 @@ def test_what_the_device_pipeline_does_not_do_is_refused(tmp_path, args, message
         synthetic(pipeline="gpu")
     with pytest.raises(ConfigValueError, match="decode must be one of pil, device"):
         ImageFolderDataLoader(str(tmp_path), batch_size=4, seed=0, decode="nvjpeg")
+    with pytest.raises(ConfigValueError, match="cache_dir must be a folder path or null, got 3"):
+        ImageFolderDataLoader(str(tmp_path), batch_size=4, seed=0, cache_dir=3)
 
 
 def test_the_loader_benchmark_runs(capsys):
