@@ -8,11 +8,11 @@ random transforms draw from the global torch RNG in the main process, which the 
 Files that are not JPEGs are decoded by PIL in the workers, as the standard path does.
 """
 
-import math
 from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from base.base_data_loader import DataError
@@ -59,24 +59,18 @@ def erase_randomly(
     scale: tuple[float, float] = (0.02, 0.33),
     ratio: tuple[float, float] = (0.3, 3.3),
 ) -> torch.Tensor:
-    """v2.RandomErasing(probability, scale, ratio, value=0) of each image of a batch (B, C, H, W),
-    in place: the same draws from the global torch RNG, but a Python 0 as the fill (RandomErasing
-    copies a fill tensor to the device for every image, a host sync on a GPU)."""
-    _, _, height, width = images.shape
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    """RandomErasing(probability, scale, ratio, value=0) of each image of a batch (B, C, H, W), in
+    place, with torchvision's own rectangle draws (RandomErasing.get_params, from the global torch
+    RNG) but a Python 0 as the fill: the transform copies a fill tensor to the device for every
+    image, a host sync on a GPU."""
     for image in images:
         if torch.rand(1) >= probability:
             continue
-        for _ in range(10):  # RandomErasing's tries at a rectangle that fits
-            area = height * width * torch.empty(1).uniform_(scale[0], scale[1]).item()
-            aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).item())
-            erase_height = round(math.sqrt(area * aspect))
-            erase_width = round(math.sqrt(area / aspect))
-            if erase_height < height and erase_width < width:
-                top = int(torch.randint(0, height - erase_height + 1, size=(1,)))
-                left = int(torch.randint(0, width - erase_width + 1, size=(1,)))
-                image[:, top : top + erase_height, left : left + erase_width] = 0
-                break
+        top, left, height, width, fill = transforms.RandomErasing.get_params(
+            image, scale=scale, ratio=ratio, value=[0]
+        )
+        if fill is not image:  # get_params returns the image itself when no rectangle fitted
+            image[:, top : top + height, left : left + width] = 0
     return images
 
 

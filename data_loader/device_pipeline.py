@@ -98,12 +98,8 @@ class DeviceBatches:
     ) -> None:
         self.images, self.labels = images, labels  # uint8 (N, C, H, W), int64 (N,)
         self.sampler, self.dataset, self.batch_size = sampler, dataset, batch_size
-        self.drop_last, self.augment, self.normalise, self.seed = (
-            drop_last,
-            augment,
-            normalise,
-            seed,
-        )
+        self.drop_last, self.augment = drop_last, augment
+        self.normalise, self.seed = normalise, seed
         self.generator = torch.Generator(device=images.device)
 
     def __len__(self) -> int:
