@@ -128,14 +128,19 @@ def test_logger_names_are_checked_and_a_missing_package_is_named(make_config, mo
         ConfigParser(config, source="cfg.json")
     options = {"loggers": ["csv", "mlflow"], "tensorboard": True, "mlflow_tracking_uri": None}
     real_find_spec = importlib.util.find_spec
+    # MLflow present (whether or not it is installed here), alembic missing.
+    installed = {"mlflow": True, "alembic": False}
     monkeypatch.setattr(
         importlib.util,
         "find_spec",
-        lambda name, *args: None if name == "alembic" else real_find_spec(name, *args),
+        lambda name, *args: (
+            (object() if installed[name] else None)
+            if name in installed
+            else real_find_spec(name, *args)
+        ),
     )
-    if real_find_spec("mlflow") is not None:
-        with pytest.raises(UserError, match='"mlflow" needs the package alembic'):
-            check_logger_packages(options, "cfg.json")
+    with pytest.raises(UserError, match='"mlflow" needs the package alembic'):
+        check_logger_packages(options, "cfg.json")
     # A tracking server needs no local store, so no alembic.
     check_logger_packages({**options, "mlflow_tracking_uri": "http://127.0.0.1:5000"}, "cfg.json")
     # train.py: a one-line error naming the package, and no run folder.
