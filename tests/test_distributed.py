@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, SAMPLE_DIR, run_script, set_flags, shrink
+from ports import free_port
 
 RUN = Path("models") / "Demo_CifarCNN"
 EPOCH_LINE = re.compile(r"(\[rank (\d)\] )?epoch (\d+)/\d+  (.*?)  time/")
@@ -21,12 +21,6 @@ EPOCH_LINE = re.compile(r"(\[rank (\d)\] )?epoch (\d+)/\d+  (.*?)  time/")
 
 def torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -128,8 +128,8 @@ def test_logger_names_are_checked_and_a_missing_package_is_named(make_config, mo
         ConfigParser(config, source="cfg.json")
     options = {"loggers": ["csv", "mlflow"], "tensorboard": True, "mlflow_tracking_uri": None}
     real_find_spec = importlib.util.find_spec
-    # MLflow present (whether or not it is installed here), alembic missing.
-    installed = {"mlflow": True, "alembic": False}
+    # MLflow and sqlalchemy present (whether or not they are installed here), alembic missing.
+    installed = {"mlflow": True, "sqlalchemy": True, "alembic": False}
     monkeypatch.setattr(
         importlib.util,
         "find_spec",

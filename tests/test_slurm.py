@@ -4,7 +4,6 @@ PATH stand in for SLURM, torchrun (2 gloo workers, --max-restarts) and train.py 
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -13,14 +12,9 @@ from pathlib import Path
 
 import torch
 from conftest import ROOT, shrink
+from ports import free_port
 
 JOB_ID = "4242"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_tool(folder: Path, name: str, body: str) -> None:
