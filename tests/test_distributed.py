@@ -161,6 +161,37 @@ def test_two_nodes_on_loopback(spawn, config_path: Path) -> None:
     assert lines[0] == lines[1]
 
 
+CLOSE_WHILE_A_COLLECTIVE_RUNS = """
+import sys, time
+sys.path.insert(0, {root!r})
+import torch
+import torch.distributed as dist
+from utils.distributed import close_distributed, init_distributed, process_info
+
+info = process_info()
+init_distributed(info, "gloo", torch.device("cpu"))
+if info.rank == 1:
+    time.sleep(1)  # rank 0 reaches close_distributed while its all-reduce still waits for rank 1
+dist.all_reduce(torch.ones(1), async_op=True)  # its tensor's last reference is the worker's
+close_distributed()
+print(f"rank {{info.rank}} closed")
+"""
+
+
+def test_closing_while_a_gloo_worker_still_holds_a_tensor_does_not_hang(tmp_path: Path) -> None:
+    """Before torch 2.8, destroying a gloo group while its worker thread frees a finished
+    collective's tensor deadlocked on the GIL: train.py under torchrun hung at exit now and then
+    on torch 2.6. Here the worker is made to be exactly there."""
+    script = tmp_path / "close.py"
+    script.write_text(CLOSE_WHILE_A_COLLECTIVE_RUNS.format(root=str(ROOT)))
+    try:
+        result = run_torchrun("--standalone", "--nproc_per_node=2", str(script), timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("close_distributed() hung with a gloo collective in flight")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(result.stdout.split("\n")[:-1]) == ["rank 0 closed", "rank 1 closed"]
+
+
 def worker_pids(parent: int) -> list[int]:
     """Processes whose parent is `parent` and that run train.py."""
     pids = []

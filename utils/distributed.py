@@ -71,8 +71,19 @@ def init_distributed(info: ProcessInfo, backend: str | None, device: torch.devic
 
 
 def close_distributed() -> None:
-    if is_distributed():
-        dist.destroy_process_group()
+    if not is_distributed():
+        return
+    # Before torch 2.8, destroying the group destroys its gloo backend while holding the GIL,
+    # and the backend waits for its worker threads, which may need the GIL to free the tensors
+    # of a collective that just finished: a deadlock at exit (pytorch/pytorch#154976). Holding
+    # the backend here keeps it alive through destroy_process_group; dropping it afterwards
+    # destroys it through its own binding, which releases the GIL first.
+    try:
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    except RuntimeError:  # no CPU backend: NCCL alone
+        backend = None
+    dist.destroy_process_group()
+    del backend
 
 
 def is_distributed() -> bool:
