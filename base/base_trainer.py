@@ -12,7 +12,6 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from base.base_data_loader import BaseDataLoader
 from logger import Loggers, check_logger_packages, open_loggers
 from utils import amp_dtype, derive_seed, seed_everything, unwrap_model
 from utils.batches import all_finite, check_loaders, epoch_batches, to_device
-from utils.confusion import ConfusionMatrix, draw_confusion_matrix, image_tensor
+from utils.confusion import ConfusionMatrix
 from utils.distributed import all_reduce_max, is_distributed, sync_buffers
 from utils.metric_sums import MetricFn, MetricSums, StepOutput
 from utils.monitor import Monitor
@@ -38,6 +37,7 @@ from utils.training_state import (
     restore,
     restore_rng,
     save_best,
+    save_mid_epoch,
     write_checkpoint,
 )
 from utils.util import Interrupted, StopInEpoch, TrainingError
@@ -158,10 +158,7 @@ class BaseTrainer(abc.ABC):
         try:
             metrics = self.train_epoch(epoch)
         except StopInEpoch as stop:
-            path = self.checkpoint_dir / f"checkpoint-epoch{epoch}-batch{stop.batches_done}.pth"
-            state = checkpoint_state(self, epoch - 1, {})
-            state["resume_batch"], state["resume_totals"] = stop.batches_done, stop.totals.cpu()
-            write_checkpoint(self, state, path)
+            path = save_mid_epoch(self, epoch, stop)
             raise Interrupted(self.stop.signum or signal.SIGTERM, path) from None
         train_seconds = stopwatch.stop()
         metrics.update(self.validate())
@@ -188,7 +185,9 @@ class BaseTrainer(abc.ABC):
         # The last epoch (also an early-stopped or interrupted one) is always saved.
         last = epoch == self.epochs or self.monitor.should_stop or agreed
         if self.confusion is not None and (epoch == self.epochs or self.monitor.should_stop):
-            self.log_confusion_matrix()  # of the run's final validation
+            counts = self.confusion.all_ranks()  # the run's final validation; a collective
+            if self.confusion.complete:
+                self.loggers.log_confusion_matrix(counts, self.data.class_names(), self.global_step)
         if epoch % self.options["save_period"] == 0 or last:
             write_checkpoint(self, state, path)
         save_best(self, state, epoch, improved=improved, in_top_k=in_top_k, dropped=dropped)
@@ -326,26 +325,13 @@ class BaseTrainer(abc.ABC):
         del metrics["val/num_samples"]  # the same every epoch: logged once at the start
         if self.ema is not None:  # the averaged weights on the same data: val/ema_<metric>
             sync_buffers(self.ema.module)
-            with self.evaluating(self.ema.module):
+            trained, self.model = self.model, self.ema.module  # what validation_step runs
+            try:
                 averaged = self.evaluate(self.val_loader, "val")
+            finally:
+                self.model = trained
             del averaged["val/num_samples"]
             metrics.update(
                 {key.replace("val/", "val/ema_"): value for key, value in averaged.items()}
             )
         return metrics
-
-    def log_confusion_matrix(self) -> None:
-        """The last validation's confusion matrix, as an image for the loggers that take one."""
-        counts = self.confusion.all_ranks()  # a collective: on every rank
-        if self.confusion.complete and self.loggers.takes_images:
-            image = image_tensor(draw_confusion_matrix(counts, self.data.class_names()))
-            self.loggers.log_image("val/confusion_matrix", image, self.global_step)
-
-    @contextlib.contextmanager
-    def evaluating(self, model: nn.Module) -> Iterator[None]:
-        """validation_step runs `model` (e.g. the averaged weights) instead of self.model."""
-        trained, self.model = self.model, model
-        try:
-            yield
-        finally:
-            self.model = trained

@@ -13,6 +13,7 @@ from logger.csv_logger import CsvLogger
 from logger.experiment_logger import ExperimentLogger, RunInfo
 from logger.tracking import MlflowLogger, WandbLogger
 from logger.visualization import TensorboardLogger
+from utils.confusion import draw_confusion_matrix, image_tensor
 from utils.util import UserError, describe_error
 
 if TYPE_CHECKING:
@@ -65,6 +66,12 @@ class Loggers:
 
     def log_image(self, tag: str, image: torch.Tensor, step: int) -> None:
         self.each(lambda item: item.log_image(tag, image, step))
+
+    def log_confusion_matrix(self, counts: torch.Tensor, class_names: list[str], step: int) -> None:
+        """counts (C, C) drawn as val/confusion_matrix, only when a logger takes images."""
+        if self.takes_images:
+            image = image_tensor(draw_confusion_matrix(counts, class_names))
+            self.log_image("val/confusion_matrix", image, step)
 
     def close(self, *, finished: bool) -> None:
         self.each(lambda item: item.close(finished=finished))

@@ -13,7 +13,14 @@ from utils.checkpoint import (
     write_text_atomic,
 )
 from utils.distributed import gather_objects, world_size
-from utils.util import derive_seed, get_rng_state, seed_everything, set_rng_state, unwrap_model
+from utils.util import (
+    StopInEpoch,
+    derive_seed,
+    get_rng_state,
+    seed_everything,
+    set_rng_state,
+    unwrap_model,
+)
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
@@ -57,6 +64,15 @@ def write_checkpoint(trainer: "BaseTrainer", state: dict, path: Path) -> None:
     if keep_last:
         for old in sorted_checkpoints(trainer.checkpoint_dir)[:-keep_last]:
             old.unlink()
+
+
+def save_mid_epoch(trainer: "BaseTrainer", epoch: int, stop: StopInEpoch) -> Path:
+    """A checkpoint inside `epoch`: the batches done and every rank's sums of them."""
+    path = trainer.checkpoint_dir / f"checkpoint-epoch{epoch}-batch{stop.batches_done}.pth"
+    state = checkpoint_state(trainer, epoch - 1, {})
+    state["resume_batch"], state["resume_totals"] = stop.batches_done, stop.totals.cpu()
+    write_checkpoint(trainer, state, path)
+    return path
 
 
 def save_best(
