@@ -7,7 +7,6 @@ Every user mistake raises ConfigError with the file and the key path in its mess
 import copy
 import dataclasses
 import json
-import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -24,13 +23,9 @@ from config_schema import (
     Section,
     TrainerConfig,
 )
-from utils import UserError
 from utils.config_checks import PREFIX_LIST, Check
-
-
-class ConfigError(UserError):
-    """A config file, override or value that cannot be used."""
-
+from utils.monitor import parse_monitor
+from utils.util import ConfigError
 
 # data_loader.args that only one kind of sampler reads: setting them for another is a mistake.
 SAMPLER_ARGS = {
@@ -40,8 +35,6 @@ SAMPLER_ARGS = {
 }
 # Learning-rate schedulers that step on a metric, once per validated epoch.
 METRIC_SCHEDULERS = ("ReduceLROnPlateau",)
-# victoresque/pytorch-template spells monitored metrics "val_loss"; accept it as "val/loss".
-MONITOR_PATTERN = re.compile(r"(train|val)[/_](\w+)")
 
 
 def load_json(path: Path) -> dict:
@@ -280,30 +273,3 @@ CROSS_CHECKS: dict[type, Callable[[dict, str], None]] = {
     SchedulerSection: _check_scheduler,
     TrainerConfig: _check_trainer,
 }
-
-
-def parse_monitor(
-    monitor: str, metric_names: list[str], source: str, *, ema: bool = False
-) -> tuple[str, str]:
-    """'max val/accuracy' -> ('max', 'val/accuracy'); 'off' -> ('off', ''). With ema, the
-    averaged weights' validation metrics (val/ema_accuracy) may be monitored too."""
-    if monitor == "off":
-        return "off", ""
-    mode, _, name = monitor.partition(" ")
-    if mode not in ("min", "max"):
-        raise ConfigError(
-            f'{source}: trainer.monitor: must be "off" or "min|max <metric>", got "{monitor}"'
-        )
-    match = MONITOR_PATTERN.fullmatch(name.strip())
-    known = [
-        f"{split}/{metric}" for split in ("val", "train") for metric in ["loss", *metric_names]
-    ]
-    if ema:
-        known += [f"val/ema_{metric}" for metric in ["loss", *metric_names]]
-    key = f"{match.group(1)}/{match.group(2)}" if match else name.strip()
-    if key not in known:
-        raise ConfigError(
-            f'{source}: trainer.monitor: unknown metric "{name.strip()}" '
-            f"(choose from {', '.join(known)})"
-        )
-    return mode, key

@@ -13,6 +13,10 @@ class UserError(Exception):
     """A mistake in the user's input (config, CLI, files): reported in one line, exit code 2."""
 
 
+class ConfigError(UserError):
+    """A config file, override or value that cannot be used."""
+
+
 class ConfigValueError(UserError, ValueError):
     """A constructor argument from config that cannot be used.
 
