@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -131,6 +132,39 @@ def spawn() -> Callable[..., subprocess.Popen]:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def signal_once_saved(
+    process: subprocess.Popen, checkpoint: Path, signum: int = signal.SIGUSR1
+) -> str:
+    """Send `signum` to `process` (e.g. what SLURM sends before the time limit) once it has
+    saved `checkpoint`; its output after it exits."""
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.02)
+    process.send_signal(signum)
+    return process.communicate(timeout=120)[0]
+
+
+@pytest.fixture
+def stop_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainer.type "StopAt", as a config can name it: the demo's Trainer, which asks to stop
+    (as SIGTERM would) once the optimizer step trainer.args.stop_at_step has been taken."""
+    import trainer as trainer_module
+
+    class StopAt(trainer_module.Trainer):
+        def __init__(self, *args, stop_at_step: int = 0, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.stop_at_step = stop_at_step
+
+        def training_step(self, batch):
+            if self.global_step + 1 == self.stop_at_step:
+                self.stop.signum = signal.SIGTERM
+            return super().training_step(batch)
+
+    monkeypatch.setattr(trainer_module, "StopAt", StopAt, raising=False)
+    monkeypatch.setattr(trainer_module, "__all__", [*trainer_module.__all__, "StopAt"])
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Su
 
 import data_loader.data_loaders as data_module
 import train
-import trainer as trainer_module
 from data_loader.data_loaders import SyntheticDataLoader
-from trainer import Trainer
 
 
 class PlainSamplerData(SyntheticDataLoader):
@@ -46,29 +44,13 @@ class StreamData(SyntheticDataLoader):
         return DataLoader(Stream(self.view("train", augment=True)), batch_size=self.batch_size)
 
 
-class StopAt(Trainer):
-    """Asks to stop (as SIGTERM would) once the optimizer step stop_at_step has been taken."""
-
-    def __init__(self, *args, stop_at_step: int = 0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.stop_at_step = stop_at_step
-
-    def training_step(self, batch):
-        if self.global_step + 1 == self.stop_at_step:
-            self.stop.signum = signal.SIGTERM
-        return super().training_step(batch)
-
-
 @pytest.fixture
-def registered(monkeypatch):
-    """The classes above, as a config can name them."""
-    for module, names in (
-        (data_module, ["PlainSamplerData", "StreamData"]),
-        (trainer_module, ["StopAt"]),
-    ):
-        for name in names:
-            monkeypatch.setattr(module, name, globals()[name], raising=False)
-        monkeypatch.setattr(module, "__all__", [*module.__all__, *names])
+def registered(monkeypatch, stop_at):
+    """The data classes above and StopAt (conftest.py), as a config can name them."""
+    names = ["PlainSamplerData", "StreamData"]
+    for name in names:
+        monkeypatch.setattr(data_module, name, globals()[name], raising=False)
+    monkeypatch.setattr(data_module, "__all__", [*data_module.__all__, *names])
 
 
 def write_config(tmp_path: Path, loader: str, **trainer_options) -> Path:

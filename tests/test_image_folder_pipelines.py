@@ -17,12 +17,10 @@ from test_device_pipeline import all_batches
 
 import data_loader.image_cache
 import train
-import trainer as trainer_module
 from base.base_data_loader import DataError
 from data_loader.data_loaders import ImageFolderDataLoader
 from data_loader.device_decode import EncodedImages, erase_randomly
 from data_loader.image_loader import load_image_tensor
-from trainer import Trainer
 
 
 def write_images(root: Path, suffixes: dict[str, str], *, size: int = 36, count: int = 3) -> Path:
@@ -175,27 +173,12 @@ def test_on_a_gpu_jpegs_decode_close_to_pil(tmp_path):
 # --- end to end: train.py stopped inside an epoch resumes bit-exact ---------------------------
 
 
-class StopAt(Trainer):
-    """Asks to stop (as SIGTERM would) once the optimizer step stop_at_step has been taken."""
-
-    def __init__(self, *args, stop_at_step: int = 0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.stop_at_step = stop_at_step
-
-    def training_step(self, batch):
-        if self.global_step + 1 == self.stop_at_step:
-            self.stop.signum = signal.SIGTERM
-        return super().training_step(batch)
-
-
 def final_model(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoint-epoch2.pth", weights_only=True)
 
 
 @pytest.mark.parametrize("path", ["pipeline", "decode"])
-def test_a_run_stopped_mid_epoch_resumes_bit_exact(tmp_path, monkeypatch, path):
-    monkeypatch.setattr(trainer_module, "StopAt", StopAt, raising=False)
-    monkeypatch.setattr(trainer_module, "__all__", [*trainer_module.__all__, "StopAt"])
+def test_a_run_stopped_mid_epoch_resumes_bit_exact(tmp_path, stop_at, path):
     config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
     if path == "pipeline":  # 256 training samples: 8 steps per epoch
         config["data_loader"]["args"]["pipeline"] = "device"

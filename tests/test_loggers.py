@@ -12,10 +12,8 @@ import pytest
 import torch
 from conftest import ROOT, shrink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_any_data import StopAt
 
 import train
-import trainer as trainer_module
 from logger import ExperimentLogger, Loggers, check_logger_packages
 from logger.csv_logger import CsvLogger
 from parse_config import ConfigError, ConfigParser
@@ -191,13 +189,6 @@ def test_confusion_matrix_counts_and_scores_match_a_hand_computed_example():
     diagonal = pixels[left + cell + 2, top + cell + 2]
     off_diagonal = pixels[left + 2, top + cell + 2]
     assert sum(diagonal) < sum(off_diagonal) < 3 * 255
-
-
-@pytest.fixture
-def stop_at(monkeypatch):
-    """StopAt (tests/test_any_data.py), as a config can name it: asks to stop after a given step."""
-    monkeypatch.setattr(trainer_module, "StopAt", StopAt, raising=False)
-    monkeypatch.setattr(trainer_module, "__all__", [*trainer_module.__all__, "StopAt"])
 
 
 def stopped_and_resumed(tmp_path: Path, loggers: list[str], **options) -> Path:

@@ -3,15 +3,13 @@ PATH stand in for SLURM, torchrun (2 gloo workers, --max-restarts) and train.py 
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
-from conftest import ROOT, shrink
+from conftest import ROOT, shrink, signal_once_saved
 from ports import free_port
 
 JOB_ID = "4242"
@@ -80,12 +78,8 @@ def test_preemption_requeues_once_without_restarting_workers_then_resumes(spawn,
     run_dir = tmp_path / "saved" / "models" / "Demo_CifarCNN" / JOB_ID
 
     job = start_job(spawn, tmp_path, config_path, calls)
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoint-epoch1.pth").exists():
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
-        time.sleep(0.02)
-    job.send_signal(signal.SIGUSR1)  # what SLURM sends the batch shell before the time limit
-    output = job.communicate(timeout=120)[0]
+    # What SLURM sends the batch shell before the time limit, once epoch 1 is saved.
+    output = signal_once_saved(job, run_dir / "checkpoint-epoch1.pth")
 
     assert job.returncode == 0, output[-4000:]
     assert calls.read_text().count(f"scontrol requeue {JOB_ID}") == 1, calls.read_text()

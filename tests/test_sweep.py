@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, signal_once_saved
 
 import sweep
 from utils import save_checkpoint
@@ -333,12 +333,7 @@ def test_an_array_task_runs_its_trial_and_requeues_at_the_time_limit(slurm_array
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoint-epoch1.pth").exists():
-        assert task.poll() is None and time.monotonic() < deadline, task.communicate()[0]
-        time.sleep(0.02)
-    task.send_signal(signal.SIGUSR1)  # what SLURM sends the batch shell before the time limit
-    output = task.communicate(timeout=120)[0]
+    output = signal_once_saved(task, run_dir / "checkpoint-epoch1.pth")  # as SLURM would
     assert task.returncode == 0, output
     assert Path(env["CALLS"]).read_text().splitlines()[-1] == "scontrol requeue 77_1"
     assert json.loads((folder / "trials" / "trial-001.json").read_text())["status"] == "interrupted"
