@@ -71,14 +71,13 @@ def main(argv: list[str] | None = None) -> int:
 def run(config: "ConfigParser") -> None:
     from logger import setup_logging
     from utils.device import run_device
-    from utils.distributed import barrier, close_distributed, init_distributed, process_info
+    from utils.distributed import barrier, process_group, process_info
     from utils.folds import cross_validate
 
     info = process_info()  # rank 0 of 1 without torchrun
     setup_logging(None, verbosity=config["trainer"]["verbosity"], rank=info.rank)
     device = run_device(config, logging.getLogger("train"), info)  # or a one-line error
-    init_distributed(info, config["distributed"]["backend"], device)  # under torchrun
-    try:
+    with process_group(info, config["distributed"]["backend"], device):  # under torchrun
         if config.num_folds is None:
             train(config, info, device)
         else:
@@ -86,8 +85,6 @@ def run(config: "ConfigParser") -> None:
         # Leave together: a rank that tears down its process group while another still runs
         # its last collective can abort. Only on success: after an error the others may not.
         barrier()
-    finally:
-        close_distributed()
 
 
 def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -> None:

@@ -162,32 +162,55 @@ def test_two_nodes_on_loopback(spawn, config_path: Path) -> None:
 
 
 CLOSE_WHILE_A_COLLECTIVE_RUNS = """
-import sys, time
+import gc, sys, time
 sys.path.insert(0, {root!r})
 import torch
 import torch.distributed as dist
-from utils.distributed import close_distributed, init_distributed, process_info
+from utils.distributed import process_group, process_info
 
-info = process_info()
-init_distributed(info, "gloo", torch.device("cpu"))
-if info.rank == 1:
-    time.sleep(1)  # rank 0 reaches close_distributed while its all-reduce still waits for rank 1
-dist.all_reduce(torch.ones(1), async_op=True)  # its tensor's last reference is the worker's
-close_distributed()
+info, ending = process_info(), sys.argv[1]
+
+
+class Trainer:  # holds the group, as a trainer's DDP model does
+    def __init__(self) -> None:
+        self.group = dist.group.WORLD
+        self.me = self if ending == "cycle" else None  # freed by the garbage collector only
+
+
+def train() -> None:
+    trainer = Trainer()
+    if info.rank == 1:
+        time.sleep(1)  # rank 0 leaves while its all-reduce still waits for rank 1
+    dist.all_reduce(torch.ones(1), async_op=True)  # its tensor's last reference: the worker's
+    if ending == "fail":
+        raise RuntimeError("stopped")  # its traceback's frames keep `trainer` alive
+
+
+try:
+    with process_group(info, "gloo", torch.device("cpu")):
+        train()
+except RuntimeError:
+    pass
+gc.collect()  # as it may run at any time after
 print(f"rank {{info.rank}} closed")
 """
 
 
-def test_closing_while_a_gloo_worker_still_holds_a_tensor_does_not_hang(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ending", ["return", "fail", "cycle"])
+def test_leaving_while_a_gloo_worker_still_holds_a_tensor_does_not_hang(
+    tmp_path: Path, ending: str
+) -> None:
     """Before torch 2.8, destroying a gloo group while its worker thread frees a finished
     collective's tensor deadlocked on the GIL: train.py under torchrun hung at exit now and then
-    on torch 2.6. Here the worker is made to be exactly there."""
+    on torch 2.6, after a run and after a stop signal. Here the worker is made to be exactly
+    there when the run returns, raises (the group held in the frames of the error), or leaves
+    the group to the garbage collector (held in a reference cycle)."""
     script = tmp_path / "close.py"
     script.write_text(CLOSE_WHILE_A_COLLECTIVE_RUNS.format(root=str(ROOT)))
     try:
-        result = run_torchrun("--standalone", "--nproc_per_node=2", str(script), timeout=60)
+        result = run_torchrun("--standalone", "--nproc_per_node=2", str(script), ending, timeout=60)
     except subprocess.TimeoutExpired:
-        pytest.fail("close_distributed() hung with a gloo collective in flight")
+        pytest.fail("leaving the process group hung with a gloo collective in flight")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(result.stdout.split("\n")[:-1]) == ["rank 0 closed", "rank 1 closed"]
 

@@ -1,7 +1,10 @@
 """torch.distributed helpers: no-ops in a single process, collectives under torchrun."""
 
+import contextlib
+import gc
 import os
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -70,18 +73,40 @@ def init_distributed(info: ProcessInfo, backend: str | None, device: torch.devic
     )
 
 
-def close_distributed() -> None:
+@contextlib.contextmanager
+def process_group(info: ProcessInfo, backend: str | None, device: torch.device) -> Iterator[None]:
+    """Inside: a member of torchrun's process group (init_distributed), left on the way out,
+    also when an exception ends the run."""
+    init_distributed(info, backend, device)
+    try:
+        yield
+    except BaseException as error:
+        close_distributed(error)
+        raise
+    close_distributed()
+
+
+def close_distributed(error: BaseException | None = None) -> None:
+    """Leave the process group. `error`: the exception ending the run; its traceback's frames
+    hold the trainer, whose DDP model holds the group, so they are let go first."""
     if not is_distributed():
         return
-    # Before torch 2.8, destroying the group destroys its gloo backend while holding the GIL,
-    # and the backend waits for its worker threads, which may need the GIL to free the tensors
-    # of a collective that just finished: a deadlock at exit (pytorch/pytorch#154976). Holding
-    # the backend here keeps it alive through destroy_process_group; dropping it afterwards
-    # destroys it through its own binding, which releases the GIL first.
+    # Before torch 2.8, the last reference to a gloo group destroys its backend while holding the
+    # GIL, and the backend waits for its worker threads, which may need the GIL to free a
+    # finished collective's tensor: a deadlock at exit (pytorch/pytorch#154976). So hold the
+    # backend, let everything else that refers to the group go (DDP in the frames of an error,
+    # reference cycles), destroy the group, and drop the backend last: its own binding releases
+    # the GIL before destroying it.
     try:
         backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     except RuntimeError:  # no CPU backend: NCCL alone
         backend = None
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:  # the error and those it chains
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)  # their locals; not the lines it prints
+        error = error.__cause__ or error.__context__
+    gc.collect()
     dist.destroy_process_group()
     del backend
 
