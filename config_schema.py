@@ -270,6 +270,9 @@ class TrainerConfig:
         "keep an exponential moving average of the weights with this decay; `null`: off",
     )
     ema_period: int = key(1, POSITIVE_INT, "optimizer steps between two updates of the average")
+    ema_warmup_reset: bool = key(
+        False, BOOL, "restart the average at every update inside the warmup (torchvision's recipe)"
+    )
     save_top_k: int = key(
         0, NON_NEGATIVE_INT, "also keep the k best epochs as `model_best-epoch<N>.pth`"
     )
@@ -299,6 +302,11 @@ class DistributedConfig:
 
     backend: str | None = key(None, BACKEND, '`"nccl"` or `"gloo"`; `null`: by device')
     sync_bn: bool = key(False, BOOL, "convert BatchNorm layers to SyncBatchNorm")
+    timeout: float | None = key(
+        None,
+        optional(POSITIVE_NUMBER),
+        "minutes a collective may wait for the other processes; `null`: torch's (NCCL 10, gloo 30)",
+    )
 
 
 @dataclasses.dataclass(kw_only=True)

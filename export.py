@@ -45,7 +45,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="export: torch.export, .pt2 (the default); torchscript: .pt; onnx: .onnx")
     add("--out", metavar="FILE", required=True, help="the exported file")
     add("--force", action="store_true", help="replace FILE if it exists")
-    add("--ema", action="store_true", help="export the averaged weights (trainer.ema_decay)")
+    add("--weights", choices=["auto", "trained", "ema"], default="auto",
+        help="trained, ema (the averaged weights) or auto (the default): those the run's "
+        "monitor judged")
+    add("--ema", dest="weights", action="store_const", const="ema", help="--weights ema")
     add("--batch-size", type=batch_size, default=8, metavar="N",
         help="inputs of the parity check (default: 8; batch 1 is checked too)")
     # fmt: on
@@ -95,9 +98,10 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     import numpy as np
     import torch
 
-    from utils.inference import input_transform, load_inference_model
+    from utils.inference import input_transform, load_inference_model, weights_note
 
-    model, config, _ = load_inference_model(Path(args.resume), ema=args.ema)
+    model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
+    print(f"{args.resume}: {weights_note(state)}")
     # Random images through the run's own evaluation transform: inputs of the exact shape and
     # value range the model sees. (B, C, H, W), fp32, on the CPU.
     transform = input_transform(config)

@@ -17,7 +17,6 @@ from types import ModuleType
 from typing import Any
 
 from utils import ConfigValueError
-from utils.checkpoint import latest_checkpoint
 from utils.config_checks import NAME
 from utils.load_config import (
     ConfigError,
@@ -28,7 +27,6 @@ from utils.load_config import (
     validate,
     with_defaults,
 )
-from utils.run_folder import is_restartable
 
 # What `from parse_config import ...` offers: the parser and, for callers, the steps it takes.
 __all__ = [
@@ -77,6 +75,8 @@ class ConfigParser:
         # with --continue it keeps the checkpoint's epoch count and training state.
         self.fine_tune = False
         self.continue_run = False
+        # --allow-data-change: resume (or test.py --split val) on data other than the checkpoint's.
+        self.allow_data_change = False
         self.monitor_mode, self.monitor_key = parse_monitor(
             self.config["trainer"]["monitor"],
             self.config["metrics"],
@@ -94,21 +94,10 @@ class ConfigParser:
             raise ConfigError(
                 "--continue: only with -r CHECKPOINT -c CONFIG (a plain -r always continues its run)"
             )
-        if resume is not None and resume.is_dir():
-            # A run folder: resume from its newest checkpoint, or restart one that stopped before
-            # its first checkpoint (it holds only its config.json).
-            latest = latest_checkpoint(resume)
-            if latest is None and not is_restartable(resume):
-                raise ConfigError(f"{resume}: no checkpoint-epoch*.pth in this run folder")
-            if latest is None and args.config:
-                raise ConfigError(
-                    f"{resume}: no checkpoint to start from; drop -c to restart this run with its "
-                    "own config.json"
-                )
-            if latest is None:
-                run_dir, resume = resume, None
-            else:
-                resume = latest
+        if resume is not None and resume.is_dir() and not args.config:
+            # A run folder: train.py resumes the newest checkpoint of its timeline that loads,
+            # or restarts a run that stopped before its first checkpoint (only config.json).
+            run_dir = resume
         if args.config:
             source = args.config
         elif run_dir is not None:
@@ -153,6 +142,7 @@ class ConfigParser:
         parser = cls(config, source=source, run_id=run_id, resume=resume, run_dir=run_dir)
         parser.fine_tune = resume is not None and bool(args.config)
         parser.continue_run = continue_run
+        parser.allow_data_change = bool(getattr(args, "allow_data_change", False))
         if run_dir is not None and run_dir.name == f"fold-{parser.fold}":
             # A fold's checkpoints lie in <run folder>/fold-<i>/: its run is the folder above.
             parser.run_dir = run_dir.parent
@@ -177,6 +167,7 @@ class ConfigParser:
             config, source=self.source, run_id=self.run_id, resume=self.resume, run_dir=self.run_dir
         )
         parser.fine_tune, parser.continue_run = self.fine_tune, self.continue_run
+        parser.allow_data_change = self.allow_data_change
         return parser
 
     @property
@@ -216,8 +207,18 @@ class ConfigParser:
             )
         return getattr(module, name)
 
-    def init_obj(self, name: str, module: ModuleType, *args: Any, **kwargs: Any) -> Any:
+    def init_obj(
+        self,
+        name: str,
+        module: ModuleType,
+        *args: Any,
+        overrides: dict | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """module.<config[name].type>(*args, **config[name].args, **kwargs).
+
+        overrides: values that replace some of config[name].args, which the program derives
+        from them (e.g. a learning rate scaled to the batch); kwargs must not collide with args.
 
         Arguments that do not fit the signature are a ConfigError, and so is a bad value: a
         ConfigValueError from the project's own classes, or a TypeError / ValueError from
@@ -225,6 +226,7 @@ class ConfigParser:
         own constructor is a bug and keeps its traceback.
         """
         target, config_args = self._resolve(name, module, kwargs)
+        config_args.update(overrides or {})
         try:
             inspect.signature(target).bind(*args, **config_args, **kwargs)
         except TypeError as error:

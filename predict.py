@@ -31,7 +31,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--out", metavar="FILE", help="also write one row per image to FILE.csv or FILE.json")
     add("--force", action="store_true", help="let --out replace an existing file")
     add("--batch-size", type=positive_int, default=64, metavar="N", help="default: 64")
-    add("--ema", action="store_true", help="use the averaged weights (trainer.ema_decay)")
+    add("--weights", choices=["auto", "trained", "ema"], default="auto",
+        help="trained, ema (the averaged weights) or auto (the default): those the run's "
+        "monitor judged")
+    add("--ema", dest="weights", action="store_const", const="ema", help="--weights ema")
     add("-d", "--device", help="GPUs to use, e.g. 0 (sets CUDA_VISIBLE_DEVICES)")
     # fmt: on
     return parser.parse_args(argv)
@@ -125,9 +128,10 @@ def predict(args: argparse.Namespace, paths: list[Path]) -> list[dict]:
     from utils import UserError, amp_dtype
     from utils.batches import to_device
     from utils.device import capabilities, select_device
-    from utils.inference import input_transform, load_inference_model
+    from utils.inference import input_transform, load_inference_model, weights_note
 
-    model, config, state = load_inference_model(Path(args.resume), ema=args.ema)
+    model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
+    print(f"{args.resume}: {weights_note(state)}", file=sys.stderr)  # stdout: the predictions
     transform = input_transform(config)
     # The device of this machine ("auto" with the run's n_gpu, whatever device the run named:
     # a checkpoint predicts anywhere); the run's autocast precision where it runs here, and

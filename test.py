@@ -1,7 +1,7 @@
 """Evaluate a checkpoint on the test (or validation) split.
 
-python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--ema] [--json out.json]
-    [--confusion-png matrix.png]
+python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--weights ema]
+    [--json out.json] [--confusion-png matrix.png]
 """
 
 import argparse
@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,8 +23,9 @@ SCORES = ("recall", "precision", "f1")  # per class, printed in this order
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Evaluate a checkpoint.")
     parser.add_argument(
-        "-r", "--resume", metavar="CKPT", required=True, help="checkpoint to evaluate"
-    )
+        "-r", "--resume", metavar="CKPT", required=True,
+        help="checkpoint to evaluate (or a run folder: the newest of its timeline)",
+    )  # fmt: skip
     parser.add_argument(
         "-c", "--config", help="config (default: config.json beside the checkpoint)"
     )
@@ -34,8 +36,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--confusion-png", metavar="PATH", help="classifiers: also draw the confusion matrix here"
     )
     parser.add_argument(
-        "--ema", action="store_true", help="evaluate the averaged weights (trainer.ema_decay)"
+        "--weights", choices=["auto", "trained", "ema"], default="auto",
+        help="trained, ema (the averaged weights) or auto (the default): those the run's monitor "
+        "judged",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ema", dest="weights", action="store_const", const="ema", help="--weights ema"
     )
+    parser.add_argument(
+        "--allow-data-change", action="store_true",
+        help="--split val on data other than the checkpoint's (refused by default)",
+    )  # fmt: skip
     parser.add_argument(
         "--set", action="append", metavar="KEY.PATH=VALUE",
         help="override a config key, e.g. data_loader.args.data_dir=/data (repeatable)",
@@ -47,23 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from parse_config import ConfigParser
     from utils import UserError
+    from utils.checkpoint import write_text_atomic
     from utils.device import gpu_indices
 
     try:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         config = ConfigParser.from_args(args)
-        results, image, global_step = evaluate_checkpoint(config, args.split, ema=args.ema)
+        results, image, global_step = evaluate_checkpoint(config, args.split, weights=args.weights)
         try:
-            if args.json:
-                with open(args.json, "w", encoding="utf-8") as file:
-                    json.dump(results, file, indent=4)
+            if args.json:  # atomic: a crash leaves the old file or the whole new one
+                write_text_atomic(Path(args.json), json.dumps(results, indent=4) + "\n")
             if args.confusion_png and image is not None:
                 image.save(args.confusion_png, format="PNG")
         except OSError as error:
             raise UserError(f"{error.filename}: cannot write ({error.strerror})") from None
         if image is not None:  # last: a bad --json or --confusion-png path touches nothing
-            tag = f"test.py/{args.split}_confusion_matrix" + ("_ema" if args.ema else "")
+            tag = f"test.py/{args.split}_confusion_matrix" + ("_ema" if results["ema"] else "")
             log_to_tensorboard(config, tag, image, global_step)
         if args.confusion_png and image is None:
             raise UserError(
@@ -77,46 +88,66 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate_checkpoint(
-    config: "ConfigParser", split: str, *, ema: bool = False
+    config: "ConfigParser", split: str, *, weights: str = "auto"
 ) -> tuple[dict, "Image.Image | None", int]:
     """The results (as --json writes them), for classifiers the confusion matrix drawn, and the
     checkpoint's global step."""
     from logger import setup_logging
-    from utils import load_checkpoint, seed_everything
+    from utils import UserError, load_checkpoint, seed_everything
     from utils.build import build_trainer
-    from utils.checkpoint import load_model_state
+    from utils.checkpoint import CheckpointError, load_model_state, use_averaged_weights
     from utils.confusion import ConfusionMatrix, confusion_results, draw_confusion_matrix
-    from utils.device import run_device
+    from utils.device import run_device, use_device
     from utils.distributed import ProcessInfo
+    from utils.inference import weights_note
+    from utils.resume import data_change
+    from utils.timeline import choose
 
     setup_logging(None, verbosity=1)
     logger = logging.getLogger("test")
     seed_everything(config["seed"])
+    path = config.resume
+    if path.is_dir():  # a run folder: the newest checkpoint of its timeline that loads
+        path = getattr(choose(path, logger), "path", None)
+        if path is None:
+            raise CheckpointError(f"{config.resume}: no checkpoint-epoch*.pth in this run folder")
     device = run_device(config, logger, training=False)  # the run's, or --set device=...
-    state = load_checkpoint(config.resume, map_location="cpu")
+    use_device(device)
+    state = load_checkpoint(path, map_location="cpu")
     # The run's own trainer, validation step, precision and memory format: --split val
     # reproduces the validation of the run.
     trainer = build_trainer(config, ProcessInfo(), device, logger, training=False)
-    load_model_state(trainer.model, state, config.resume, ema=ema)
+    current = trainer.data.fingerprint()["val"] if split == "val" and state.get("data") else None
+    if current is not None:  # the validation split the run validated on?
+        saved = {"train": None, "val": state["data"].get("val")}
+        change = data_change(saved, {"train": None, "val": current})
+        if change is not None and not config.allow_data_change:
+            raise UserError(
+                f"{path}: --split val: the data changed since this checkpoint ({change}); "
+                "pass --allow-data-change to evaluate this data anyway"
+            )
+        if change is not None:
+            logger.warning("%s: the data changed since this checkpoint (%s).", path, change)
+    state["ema_chosen"] = ema = use_averaged_weights(state, weights)
+    load_model_state(trainer.model, state, path, ema=ema)
     class_names = trainer.data.class_names()
     # Classifiers (logits (B, C), labels (B,)): exact counts[true class, predicted class].
     confusion = ConfusionMatrix(len(class_names), device) if class_names else None
     observe = confusion.add if confusion is not None else None
     metrics = trainer.evaluate(trainer.data.eval_loader(split), split, observe=observe)
     num_samples = int(metrics.pop(f"{split}/num_samples"))
-    weights = "averaged weights" if ema else "weights"
     logger.info(
         "%s: %d samples, %s of %s (epoch %d)",
         split,
         num_samples,
-        weights,
-        config.resume,
+        weights_note(state),
+        path,
         state["epoch"],
     )
     for key, value in metrics.items():
         logger.info("  %-20s %.4f", key, value)
     results = {
-        "checkpoint": str(config.resume),
+        "checkpoint": str(path),
         "epoch": state["epoch"],
         "split": split,
         "ema": ema,

@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="override any config key; VALUE is JSON if it parses, else a string (repeatable)")
     add("--requeue-file", metavar="PATH",
         help="on a stop signal: write PATH after saving, exit 0 (for job scripts that requeue)")
+    add("--allow-data-change", action="store_true",
+        help="resume on data other than the checkpoint's (refused by default)")
     # fmt: on
     return parser.parse_args(argv)
 
@@ -70,14 +72,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(config: "ConfigParser") -> None:
     from logger import setup_logging
-    from utils.device import run_device
+    from utils.device import run_device, use_device
     from utils.distributed import barrier, process_group, process_info
     from utils.folds import cross_validate
 
     info = process_info()  # rank 0 of 1 without torchrun
     setup_logging(None, verbosity=config["trainer"]["verbosity"], rank=info.rank)
     device = run_device(config, logging.getLogger("train"), info)  # or a one-line error
-    with process_group(info, config["distributed"]["backend"], device):  # under torchrun
+    use_device(device)  # before anything touches CUDA: cuda:N, not GPU 0
+    distributed = config["distributed"]
+    with process_group(info, distributed["backend"], device, distributed["timeout"]):
         if config.num_folds is None:
             train(config, info, device)
         else:
@@ -102,11 +106,12 @@ def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -
     if not config.run_id_given:
         config.run_id = default_run_id(config.run_id, broadcast_object)
     trainer = build_trainer(config, info, device, logging.getLogger("train"))
-    # Rank 0 alone inspects and creates the run folder; its answer (or error) reaches every rank.
-    resume = on_rank0(find_resume_point, config)
-    if resume is not None:
-        trainer.resume(resume)
-    on_rank0(prepare_run_folder, config)
+    # Rank 0 alone inspects the run folder; its answer (or error) reaches every rank. Every rank
+    # then loads the checkpoint, and only once every check has passed does rank 0 change the
+    # folder (leftovers cleared, a timeline left behind set aside).
+    point = on_rank0(find_resume_point, config)
+    trainer.resume(point)
+    on_rank0(prepare_run_folder, config, point)
     setup_logging(config.log_dir, verbosity=verbosity, rank=info.rank)
     trainer.fit()
 

@@ -6,6 +6,8 @@ samplers, the loaders, and the checks and summary of the data before training.
 """
 
 import abc
+import hashlib
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -196,6 +198,39 @@ class BaseDataLoader(abc.ABC):
         if "val" in self.splits:
             return "val", np.arange(len(self.dataset("val")))
         return None
+
+    def sample_ids(self, split: str) -> list[str] | None:
+        """What tells the samples of `split` apart, for fingerprint(): an image folder's file
+        names (relative to its root, with their labels), else its labels when the dataset has
+        `targets`, else None (then its size and the split's indices alone). Override it for data
+        whose files can change under the same count."""
+        dataset = self.dataset(split)
+        samples = getattr(dataset, "samples", None)
+        if samples is not None:
+            root = str(getattr(dataset, "root", ""))
+            return [
+                f"{os.path.relpath(path, root) if root else path}\0{label}"
+                for path, label in samples
+            ]
+        targets = getattr(dataset, "targets", None)
+        return None if targets is None else [str(int(label)) for label in targets]
+
+    def fingerprint(self) -> dict:
+        """A cheap identity of the training and validation data: per split, its number of samples
+        and a digest of which samples it holds (their indices and sample_ids). A checkpoint keeps
+        it; a resume, or test.py --split val, on other data is refused (utils/resume.py)."""
+        train, _ = self.split_indices()
+        source = self.validation_source()
+
+        def digest(split: str, indices: np.ndarray) -> dict:
+            hashed = hashlib.sha256(f"{split} {len(self.dataset(split))}\n".encode())
+            hashed.update(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
+            ids = self.sample_ids(split)
+            if ids is not None:
+                hashed.update("\n".join(ids[index] for index in indices).encode())
+            return {"num_samples": len(indices), "digest": hashed.hexdigest()[:32]}
+
+        return {"train": digest("train", train), "val": None if source is None else digest(*source)}
 
     def sampling_weights(self, indices: np.ndarray) -> np.ndarray:
         """Weight of one sample of each class for the weighted sampler: class_weights, else the

@@ -17,29 +17,33 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from base.base_data_loader import BaseDataLoader
 from logger import Loggers, check_logger_packages, open_loggers
-from utils import amp_dtype, derive_seed, seed_everything, unwrap_model
-from utils.batches import all_finite, check_loaders, epoch_batches, to_device
+from utils import amp_dtype, derive_seed, seed_everything, set_rng_state, unwrap_model
+from utils.averaging import new_average, update_average
+from utils.batches import (
+    all_finite,
+    check_loaders,
+    epoch_batches,
+    global_batch,
+    lr_scale,
+    remaining_batches,
+    to_device,
+)
+from utils.checkpoint import checkpoint_name
 from utils.confusion import ConfusionMatrix
-from utils.distributed import all_reduce_max, is_distributed, sync_buffers
+from utils.distributed import all_reduce_max, is_distributed, sync_buffers, world_size
 from utils.metric_sums import MetricFn, MetricSums, StepOutput
 from utils.monitor import Monitor
-from utils.schedule import build_scheduler, step_scheduler
+from utils.resume import restore
+from utils.schedule import build_scheduler, schedule_length, schedule_signature, step_scheduler
 from utils.signals import StopRequest
+from utils.timeline import ResumePoint
 from utils.timing import DataWait, Stopwatch
-from utils.training_state import (
-    checkpoint_state,
-    restore,
-    restore_rng,
-    save_best,
-    save_mid_epoch,
-    write_checkpoint,
-)
+from utils.training_state import TrainingState, checkpoint_state, parameter_names, save
 from utils.util import Interrupted, StopInEpoch, TrainingError
 
 
@@ -74,6 +78,11 @@ class BaseTrainer(abc.ABC):
         schedule = config["lr_scheduler"]
         self.step_per_batch = schedule is not None and schedule["interval"] == "step"
         self.train_loader, self.val_loader, self.len_epoch = None, None, 0
+        self.state = TrainingState()  # where the run stands: epoch, step, position, timeline
+        self.steps_per_epoch, self.warmup_steps, self.lr_scale = 0, 0, 1.0
+        self.geometry: dict = {}
+        self.data_fingerprint: dict = {}
+        self.schedule_signature: dict | None = None
         if optimizer is not None:  # without one, the trainer only evaluates (test.py)
             check_logger_packages(options, config.source)  # before anything is written
             # A compiled model keeps one graph for one batch shape: a short last batch would
@@ -86,25 +95,46 @@ class BaseTrainer(abc.ABC):
             # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
             self.len_epoch = options["len_epoch"] or len(self.train_loader)
             # Optimizer steps per epoch: one per accumulation group, the last one maybe short.
-            num_steps = -(-self.len_epoch // options["grad_accum_steps"])
-            self.lr_scheduler = build_scheduler(config, optimizer, num_steps)
+            self.steps_per_epoch = -(-self.len_epoch // options["grad_accum_steps"])
+            self.lr_scale = lr_scale(config, world_size())
+            self.lr_scheduler = build_scheduler(
+                config, optimizer, self.steps_per_epoch, lr_scale=self.lr_scale, logger=self.logger
+            )
+            self.schedule_signature = schedule_signature(config, optimizer, self.steps_per_epoch)
+            if schedule is not None:  # the warmup, in optimizer steps
+                warmup = schedule_length(config, self.steps_per_epoch)[1]
+                self.warmup_steps = warmup * (1 if self.step_per_batch else self.steps_per_epoch)
+            # What a mid-epoch position and the learning rates are counted in.
+            self.geometry = {
+                "batch_size": self.train_loader.batch_size,
+                "world_size": world_size(),
+                "grad_accum_steps": options["grad_accum_steps"],
+                "len_epoch": options["len_epoch"],
+                "global_batch": global_batch(config, world_size()),
+            }
+            # What a resume checks it continues on (the data behind every split).
+            self.data_fingerprint = data.fingerprint()
             if options["ema_decay"] is not None:
-                # A copy of the plain model whose weights (and BatchNorm statistics) follow the
-                # trained ones: ema = decay * ema + (1 - decay) * weights, every ema_period steps.
-                self.ema = AveragedModel(
-                    unwrap_model(self.model),
-                    multi_avg_fn=get_ema_multi_avg_fn(options["ema_decay"]),
-                    use_buffers=True,
-                )
-        self.start_epoch, self.global_step, self.num_skipped_steps = 1, 0, 0
-        # Where a mid-epoch checkpoint left off: batches done, their sums, this rank's RNG state.
-        self.resume_batch, self.resume_totals, self.resume_rng = 0, None, None
+                self.ema = new_average(unwrap_model(self.model), options["ema_decay"])
         self.data_wait_seconds = 0.0  # of the last epoch, measured by train_epoch
         self.checkpoint_dir = Path(config.checkpoint_dir)
         self.loggers = Loggers([], self.logger)  # opened by fit(), on rank 0
         self.resumed_logger_runs: dict[str, str] = {}  # W&B's and MLflow's run ids, to continue
         self.confusion: ConfusionMatrix | None = None  # of the last validation, for classifiers
         self.stop = StopRequest()
+
+    @property
+    def start_epoch(self) -> int:
+        """The epoch that training starts with: the one after the last one done."""
+        return self.state.epoch + 1
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far: the x-axis of every logged curve."""
+        return self.state.global_step
+
+    def parameter_names(self) -> list[list[str]]:
+        return parameter_names(self.model, self.optimizer)
 
     @abc.abstractmethod
     def training_step(self, batch: Any) -> StepOutput:
@@ -118,8 +148,11 @@ class BaseTrainer(abc.ABC):
     def on_train_start(self) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Called once before the first epoch, after the loggers are open (data, sizes, images)."""
 
-    def resume(self, path: Path) -> None:
-        restore(self, path)
+    def resume(self, point: ResumePoint | Path) -> None:
+        """Start at a checkpoint (utils/resume.py decides what of it this run can take)."""
+        if isinstance(point, Path):
+            point = ResumePoint(point, self.state.timeline)
+        restore(self, point)
 
     def fit(self) -> dict[str, float]:
         """Train until the last epoch or an early stop; return the last epoch's metrics.
@@ -158,7 +191,11 @@ class BaseTrainer(abc.ABC):
         try:
             metrics = self.train_epoch(epoch)
         except StopInEpoch as stop:
-            path = save_mid_epoch(self, epoch, stop)
+            # Where the epoch stands: the next run goes on from there, in any batch geometry.
+            state = self.state
+            state.batches, state.samples, state.epoch_sums = stop.batches, stop.samples, stop.sums
+            path = self.checkpoint_dir / checkpoint_name(epoch, state.global_step)
+            save(self, checkpoint_state(self, {}), path)
             raise Interrupted(self.stop.signum or signal.SIGTERM, path) from None
         train_seconds = stopwatch.stop()
         metrics.update(self.validate())
@@ -169,15 +206,15 @@ class BaseTrainer(abc.ABC):
         metrics["lr"] = learning_rate
         step_scheduler(self.lr_scheduler, metrics, self.monitor.key, self.step_per_batch)
 
-        improved = self.monitor.update(metrics)
+        improved = self.monitor.update(metrics, epoch)
         in_top_k, dropped = self.monitor.rank_top_k(metrics, epoch)
         # One x-axis for every curve: the optimizer step.
         self.loggers.log_epoch(metrics, step=self.global_step, epoch=epoch)
         summary = "  ".join(f"{key} {value:.4g}" for key, value in metrics.items())
         best = "  *best*" if improved else ""
         self.logger.info("epoch %d/%d  %s%s", epoch, self.epochs, summary, best)
-        state = checkpoint_state(self, epoch, metrics)
-        path = self.checkpoint_dir / f"checkpoint-epoch{epoch}.pth"
+        self.state.epoch = epoch
+        state = checkpoint_state(self, metrics)
         # A signal that came during validation: every rank must agree to stop here. The agreed
         # value decides, not self.stop.signum: a signal that lands just after the agreement
         # reaches one rank first, which alone would then stop. It stays pending instead.
@@ -188,9 +225,10 @@ class BaseTrainer(abc.ABC):
             counts = self.confusion.all_ranks()  # the run's final validation; a collective
             if self.confusion.complete:
                 self.loggers.log_confusion_matrix(counts, self.data.class_names(), self.global_step)
-        if epoch % self.options["save_period"] == 0 or last:
-            write_checkpoint(self, state, path)
-        save_best(self, state, epoch, improved=improved, in_top_k=in_top_k, dropped=dropped)
+        path = self.checkpoint_dir / checkpoint_name(epoch)
+        periodic = epoch % self.options["save_period"] == 0 or last
+        save(self, state, path if periodic else None, improved=improved, in_top_k=in_top_k,
+             dropped=tuple(dropped))  # fmt: skip
         if agreed and epoch < self.epochs:
             raise Interrupted(agreed, path)
         return metrics
@@ -198,27 +236,38 @@ class BaseTrainer(abc.ABC):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """training_step over len_epoch batches, an optimizer step per accumulation group."""
         self.model.train()
-        first_batch, accumulate = self.resume_batch, self.options["grad_accum_steps"]
-        # The sums a mid-epoch checkpoint saved are those of all ranks: rank 0 adds them back.
+        accumulate, position = self.options["grad_accum_steps"], self.state
+        # Where a mid-epoch checkpoint left off: this run's batches done (and after another
+        # batch geometry, the samples done); the sums it saved are those of all ranks, which
+        # rank 0 adds back.
+        first_batch = position.batches
+        skip_samples = position.samples if position.regrouped else None
         sums = MetricSums(
-            self.metric_fns, self.device, self.resume_totals if self.rank == 0 else None
+            self.metric_fns, self.device, position.epoch_sums if self.rank == 0 else None
         )
-        self.resume_batch, self.resume_totals = 0, None
+        last_step = self.len_epoch
+        if skip_samples is not None:
+            last_step = first_batch + remaining_batches(self.train_loader, skip_samples)
+        per_step = self.train_loader.batch_size * world_size()  # samples of all ranks a batch
+        done_before = first_batch * per_step if skip_samples is None else skip_samples
+        position.batches, position.samples, position.epoch_sums = 0, 0, None
+        position.regrouped = False
         quiet = self.options["verbosity"] == 0 or self.rank != 0 or not sys.stderr.isatty()
-        progress = tqdm(total=self.len_epoch, initial=first_batch, disable=quiet, leave=False)
+        progress = tqdm(total=last_step, initial=first_batch, disable=quiet, leave=False)
         progress.set_description(f"epoch {epoch}/{self.epochs}")
         data_wait, stop_signum = DataWait(), 0
-        at_resume_point = functools.partial(restore_rng, self, epoch, first_batch)
+        at_resume_point = functools.partial(self.restore_rng, epoch, first_batch)
         ordered = epoch_batches(
-            self.train_loader, epoch, first_batch, self.len_epoch, at_resume_point
+            self.train_loader, epoch, first_batch, self.len_epoch, at_resume_point, skip_samples
         )
         batches = data_wait.timed(ordered)
         for step, batch in enumerate(batches, start=first_batch + 1):
             batch = to_device(batch, self.device, self.options["channels_last"])
             # Gradients add up over a group of batches, then one optimizer step. Each loss is
-            # divided by the group's size, so the step equals one on the big batch.
-            group_start = (step - 1) // accumulate * accumulate
-            group_size = min(accumulate, self.len_epoch - group_start)
+            # divided by the group's size, so the step equals one on the big batch. Groups
+            # count from where this part of the epoch began.
+            group_start = first_batch + (step - first_batch - 1) // accumulate * accumulate
+            group_size = min(accumulate, last_step - group_start)
             ends_group = step == group_start + group_size
             # DDP all-reduces gradients in backward: only on the group's last batch.
             no_sync = getattr(self.model, "no_sync", None)
@@ -233,19 +282,31 @@ class BaseTrainer(abc.ABC):
             if ends_group:
                 self.optimizer_step()
             sums.add(result, step)
-            if step % self.options["log_step"] == 0 or step == self.len_epoch:
+            if step % self.options["log_step"] == 0 or step == last_step:
                 stop_signum = self.log_interval(epoch, step, sums, progress)
             # Stop after this step when asked (at the end of an accumulation group): at once in
             # a single process; under torchrun at the interval where the ranks agreed on it.
             if not is_distributed():
                 stop_signum = self.stop.signum or 0
-            if stop_signum and ends_group and step < self.len_epoch:
+            if stop_signum and ends_group and step < last_step:
                 self.stop.signum = stop_signum
                 progress.close()
-                raise StopInEpoch(step, sums.all_ranks())
+                # Counted in samples of the epoch's order only when an epoch is one pass.
+                samples = done_before + (step - first_batch) * per_step
+                samples = None if self.options["len_epoch"] else samples
+                raise StopInEpoch(step, samples, sums.state_dict())
         progress.close()
         self.data_wait_seconds = data_wait.seconds
         return sums.result("train")
+
+    def restore_rng(self, epoch: int, first_batch: int) -> None:
+        """At the resume point inside an epoch: this rank's saved random numbers, or (another
+        world size) a new stream that is still a function of where the run stands."""
+        if self.state.rng is not None:
+            set_rng_state(self.state.rng, self.device)
+        else:
+            seed_everything(derive_seed(self.config["seed"], epoch, self.rank, first_batch))
+        self.state.rng = None
 
     def optimizer_step(self) -> None:
         """Clip, step (skipped by GradScaler when fp16 gradients overflowed), schedule."""
@@ -257,10 +318,16 @@ class BaseTrainer(abc.ABC):
         self.optimizer.zero_grad(set_to_none=True)
         if self.step_per_batch:
             self.lr_scheduler.step()
-        self.global_step += 1
-        # One host sync per update (AveragedModel copies its counter to the device).
-        if self.ema is not None and self.global_step % self.options["ema_period"] == 0:
-            self.ema.update_parameters(unwrap_model(self.model))
+        self.state.global_step += 1
+        step, period = self.state.global_step, self.options["ema_period"]
+        if self.ema is not None and step % period == 0:
+            # The first update copies the weights; with ema_warmup_reset so does every update
+            # that follows one inside the warmup (torchvision's recipe): the average starts
+            # from the warmed-up weights. A function of the step: a resume does the same.
+            restart = step == period or (
+                self.options["ema_warmup_reset"] and step - period <= self.warmup_steps
+            )
+            update_average(self.ema, unwrap_model(self.model), restart=restart)
 
     def log_interval(self, epoch: int, step: int, sums: MetricSums, progress: tqdm) -> int:
         """The one host-device sync of the loop, every log_step steps: the running loss, and
@@ -285,8 +352,8 @@ class BaseTrainer(abc.ABC):
         """Drop a batch whose loss is not finite, with the gradients its accumulation group
         gathered so far; give up after max_skipped_steps of them."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.num_skipped_steps += 1
-        count, limit = self.num_skipped_steps, self.options["max_skipped_steps"]
+        self.state.num_skipped_steps += 1
+        count, limit = self.state.num_skipped_steps, self.options["max_skipped_steps"]
         self.logger.warning(
             f"Skipped step {step} of epoch {epoch}: non-finite loss ({count} skipped so far)."
         )

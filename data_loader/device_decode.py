@@ -8,6 +8,7 @@ random transforms draw from the global torch RNG in the main process, which the 
 Files that are not JPEGs are decoded by PIL in the workers, as the standard path does.
 """
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
@@ -95,7 +96,13 @@ class DeviceDecodedBatches:
         # decode_jpeg runs on the CPU and on CUDA; elsewhere (MPS) the CPU decodes.
         self.decoder = self.device if self.device.type == "cuda" else torch.device("cpu")
         self.sampler: EpochSampler = files.sampler
-        self.batch_size = files.batch_size
+        self.batch_size, self.drop_last = files.batch_size, files.drop_last
+        # decode_jpeg on CUDA allocates its outputs on the current stream, then has nvJPEG write
+        # them from a stream of its own that does not wait for the current one: memory that
+        # kernels queued there still read can be handed out and overwritten
+        # (pytorch/vision#9606). Decoding while a side stream is current takes the outputs from
+        # that stream's memory, which nothing else uses.
+        self.side_stream = torch.cuda.Stream(self.decoder) if self.decoder.type == "cuda" else None
 
     def __len__(self) -> int:
         return len(self.files)
@@ -117,17 +124,38 @@ class DeviceDecodedBatches:
         images = list(data)
         jpegs = [position for position, item in enumerate(data) if item.dim() == 1]
         if jpegs:
-            try:
-                decoded = decode_jpeg(
-                    [data[position] for position in jpegs],
-                    mode=ImageReadMode.RGB,
-                    device=self.decoder,
-                )
-            except RuntimeError:  # one file the device decoder cannot read: find it
-                decoded = [self.decode_one(data[position], paths[position]) for position in jpegs]
+            with self.on_side_stream():
+                try:
+                    decoded = decode_jpeg(
+                        [data[position] for position in jpegs],
+                        mode=ImageReadMode.RGB,
+                        device=self.decoder,
+                    )
+                except RuntimeError:  # one file the device decoder cannot read: find it
+                    decoded = [
+                        self.decode_one(data[position], paths[position]) for position in jpegs
+                    ]
+            self.hand_over(decoded)
             for position, image in zip(jpegs, decoded, strict=True):
                 images[position] = image
         return [image.to(self.device, non_blocking=True) for image in images]
+
+    def on_side_stream(self) -> contextlib.AbstractContextManager:
+        """The side stream as the current one (CUDA), else nothing."""
+        if self.side_stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.side_stream)
+
+    def hand_over(self, images: list[torch.Tensor]) -> None:
+        """Order the current stream after the side stream's work, and keep the images' memory
+        from being reused before what the current stream queues on them has run."""
+        if self.side_stream is None:
+            return
+        current = torch.cuda.current_stream(self.decoder)
+        current.wait_stream(self.side_stream)
+        for image in images:
+            if image.device.type == "cuda":
+                image.record_stream(current)
 
     def decode_one(self, data: torch.Tensor, path: str) -> torch.Tensor:
         """One JPEG on the device; one it cannot decode (damaged, or e.g. CMYK on some decoders)

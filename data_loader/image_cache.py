@@ -5,7 +5,6 @@ reused until the folder's files change."""
 import hashlib
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from base.base_data_loader import TransformedDataset
-from utils import describe_error
+from utils import describe_error, save_checkpoint
 
 # Part of every fingerprint: a change to what the files hold (layout, dtype, resizing) bumps it.
 CACHE_VERSION = 1
@@ -83,17 +82,12 @@ def decode_and_cache(
     logger = logging.getLogger("data")
     started = time.perf_counter()
     images, labels = decode_split(dataset, size, num_workers=num_workers)
-    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # A name of its own: processes on other machines may be writing the same cache.
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(handle)
-        torch.save({"images": images, "labels": labels}, temporary)
-        os.replace(temporary, path)
-    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
+        # A temporary file of its own name (processes on other machines may be writing the same
+        # cache), fsynced, renamed: a crash never leaves a partial cache under its name.
+        save_checkpoint({"images": images, "labels": labels}, path)
+    except (OSError, RuntimeError) as error:
         logger.warning(
             "Cannot write the decoded-image cache %s (%s): the images are decoded again on every "
             "run; set data_loader.args.cache_dir to a writable folder.",

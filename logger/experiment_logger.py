@@ -17,9 +17,11 @@ class RunInfo:
     config: dict  # the effective config: the run's parameters
     experiment: str  # the config's name
     run_name: str  # the run id, and "/fold-<i>" when training one fold
-    # Where training starts: epochs done, and batches done in the next one (a mid-epoch resume).
+    # Where training starts: epochs done, batches done in the next one (a mid-epoch resume), and
+    # the global step.
     epochs_done: int
     batches_done: int
+    start_step: int
     # The tracking loggers' run ids from the checkpoint: a resumed run continues its own run.
     resumed_ids: dict[str, str]
 

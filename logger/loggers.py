@@ -94,7 +94,7 @@ class Loggers:
 
 def open_logger(name: str, run: RunInfo, options: dict) -> ExperimentLogger:
     if name == "tensorboard":
-        return TensorboardLogger(run.log_dir)
+        return TensorboardLogger(run.log_dir, run.start_step)
     if name == "csv":
         return CsvLogger(run.log_dir, run.epochs_done, run.batches_done)
     if name == "wandb":
@@ -115,8 +115,9 @@ def open_loggers(trainer: "BaseTrainer") -> Loggers:
         config=config.config,
         experiment=config["name"],
         run_name=config.run_id + fold,
-        epochs_done=trainer.start_epoch - 1,
-        batches_done=trainer.resume_batch,
+        epochs_done=trainer.state.epoch,
+        batches_done=trainer.state.batches,
+        start_step=trainer.state.global_step,
         resumed_ids=trainer.resumed_logger_runs,
     )
     opened = []

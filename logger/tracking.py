@@ -9,12 +9,65 @@ from pathlib import Path
 import torch
 
 from logger.experiment_logger import RunInfo, ScalarLogger, image_pixels
+from utils.checkpoint import write_text_atomic
 
 MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch takes at most this many parameters
 MAX_PARAM_LENGTH = 500  # characters of a parameter value every MLflow version stores
 
 
-class WandbLogger(ScalarLogger):
+class SentSteps:
+    """What was last sent to a tracking run, in <log_dir>/.<name>-sent.json: the (global step,
+    batch) of the last log_step row (steps only grow; the batch tells apart rows of one step
+    under gradient accumulation) and the last epoch's row. A resume sends only what comes after
+    them: what a part of the run cut short had sent after its checkpoint stands (for an exact
+    resume, the same values), and nothing reaches the run twice. Each mark is written before
+    what it marks is sent."""
+
+    def __init__(self, log_dir: Path, name: str, run_id: str) -> None:
+        self.path, self.run_id = log_dir / f".{name}-sent.json", run_id
+        try:
+            mark = json.loads(self.path.read_text(encoding="utf-8"))
+            assert mark["run"] == run_id
+            self.batch, self.epoch = tuple(mark["batch"]), int(mark["epoch"])
+        except (OSError, ValueError, KeyError, TypeError, AssertionError):  # none, or another run's
+            self.batch, self.epoch = (-1, 0), 0
+
+    def take_batch(self, step: int, batch: int) -> bool:
+        """Whether the log_step row at `step`, after `batch` batches, is new; marks it sent."""
+        if (step, batch) <= self.batch:
+            return False
+        self.batch = (step, batch)
+        self.save()
+        return True
+
+    def take_epoch(self, epoch: int) -> bool:
+        """Whether the row of `epoch` is new; marks it sent."""
+        if epoch <= self.epoch:
+            return False
+        self.epoch = epoch
+        self.save()
+        return True
+
+    def save(self) -> None:
+        mark = {"run": self.run_id, "batch": list(self.batch), "epoch": self.epoch}
+        write_text_atomic(self.path, json.dumps(mark), durable=False)
+
+
+class TrackingLogger(ScalarLogger):
+    """A tracker that keeps a run across resumes (W&B, MLflow): each row sent once."""
+
+    sent: SentSteps
+
+    def log_step(self, values: dict[str, float], *, step: int, epoch: int, batch: int) -> None:
+        if self.sent.take_batch(step, batch):
+            self.log_scalars(values, step)
+
+    def log_epoch(self, metrics: dict[str, float], *, step: int, epoch: int) -> None:
+        if self.sent.take_epoch(epoch):
+            self.log_scalars({**metrics, "epoch": epoch}, step)
+
+
+class WandbLogger(TrackingLogger):
     """A W&B run in <log_dir>/wandb/: synced as it goes online, kept there to `wandb sync`
     offline. The config is the run's config; every curve has the global step as its x-axis."""
 
@@ -40,6 +93,7 @@ class WandbLogger(ScalarLogger):
         # W&B's own step must only grow; a run resumed from an earlier checkpoint logs steps
         # again, so the global step is a value of each row and the x-axis of every curve.
         self.run.define_metric("*", step_metric="global_step")
+        self.sent = SentSteps(run.log_dir, self.name, self.run.id)
 
     def log_scalars(self, values: dict[str, float], step: int) -> None:
         self.run.log({**values, "global_step": step})
@@ -78,7 +132,7 @@ def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
     return params
 
 
-class MlflowLogger(ScalarLogger):
+class MlflowLogger(TrackingLogger):
     """An MLflow run in the experiment named after the config, at trainer.mlflow_tracking_uri
     (default: a SQLite file beside the runs' log folders, its artifacts in mlflow-artifacts/)."""
 
@@ -96,6 +150,7 @@ class MlflowLogger(ScalarLogger):
             # Its parameters are those it started with: MLflow refuses to change one.
             self.id = resumed_id
             self.client.update_run(resumed_id, status="RUNNING")
+            self.sent = SentSteps(run.log_dir, self.name, self.id)
             return
         experiment = self.client.get_experiment_by_name(run.experiment)
         if experiment is not None:
@@ -111,6 +166,7 @@ class MlflowLogger(ScalarLogger):
         for start in range(0, len(params), MAX_PARAMS_PER_CALL):
             self.client.log_batch(self.id, params=params[start : start + MAX_PARAMS_PER_CALL])
         self.client.log_dict(self.id, run.config, "config.json")
+        self.sent = SentSteps(run.log_dir, self.name, self.id)
 
     def log_scalars(self, values: dict[str, float], step: int) -> None:
         timestamp = int(time.time() * 1000)

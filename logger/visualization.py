@@ -16,10 +16,13 @@ class TensorboardLogger(ScalarLogger):
     name = "tensorboard"
     takes_images = True
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, start_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        # TensorBoard hides the events at steps from purge_step on that earlier event files of
+        # this folder hold: what a run cut short logged after the checkpoint it resumes from (or
+        # another timeline logged after it). Every step then shows once.
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1)
 
     def log_scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():

@@ -70,7 +70,9 @@ class Trainer(BaseTrainer):
         if self.rank == 0:  # the data of all ranks together: logged once
             log_data_summary(self.data, self.logger, self.start_epoch, self.train_loader.sampler)
         self.logger.info("Outputs: %s and %s", self.checkpoint_dir, self.config.log_dir)
-        if not self.loggers.takes_images or not has_length(self.train_loader.dataset):
+        # Logged when the run starts, not again when it resumes.
+        fresh = self.global_step == 0
+        if not fresh or not self.loggers.takes_images or not has_length(self.train_loader.dataset):
             return
         # One grid of (de-normalised) training inputs. Augmenting them draws random numbers:
         # fork the RNG so that the run's own stream is untouched.

@@ -3,7 +3,7 @@ the checks on the loaders."""
 
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -12,6 +12,22 @@ from utils.distributed import all_reduce_max
 from utils.sampler import EpochSampler
 from utils.util import UserError
 
+if TYPE_CHECKING:
+    from parse_config import ConfigParser
+
+
+def global_batch(config: "ConfigParser", world_size: int) -> int:
+    """Samples per optimizer step: batch_size per process x processes x grad_accum_steps."""
+    per_process = config["data_loader"]["args"]["batch_size"]
+    return per_process * world_size * config["trainer"]["grad_accum_steps"]
+
+
+def lr_scale(config: "ConfigParser", world_size: int) -> float:
+    """The factor optimizer.reference_batch_size applies to every learning rate: global batch /
+    reference_batch_size (the linear scaling rule, Goyal et al., 2017); 1 without it."""
+    reference = config["optimizer"]["reference_batch_size"]
+    return 1.0 if reference is None else global_batch(config, world_size) / reference
+
 
 def epoch_batches(
     loader: DataLoader,
@@ -19,20 +35,31 @@ def epoch_batches(
     first_batch: int,
     len_epoch: int,
     at_resume_point: Callable[[], None],
+    skip_samples: int | None = None,
 ) -> Iterator[Any]:
     """Batches first_batch+1 .. len_epoch of `epoch`; a new pass over the loader starts when it
     runs out. Any sampler works: the template's EpochSampler skips the batches already done by
     index (nothing is loaded for them); any other is given set_epoch (if it has one) and its
     batches already done are loaded and dropped. at_resume_point() is called once, right
-    before the first batch after them (a resume restores its random numbers there)."""
+    before the first batch after them (a resume restores its random numbers there).
+
+    skip_samples (a resume in another batch geometry, one pass, EpochSampler only): the rest
+    of the pass after that many samples of its order, in this loader's batches.
+    """
     sampler = loader.sampler
+    if skip_samples is not None:
+        sampler.set_epoch(epoch, 0, skip=skip_samples)
+        at_resume_point()
+        yield from loader
+        return
     per_pass = len(loader) if has_length(loader) else None
     pass_index, skip = divmod(first_batch, per_pass) if per_pass else (0, first_batch)
     num_passes = -(-len_epoch // per_pass) if per_pass else 1
     remaining = len_epoch - first_batch
     while remaining > 0:
         if isinstance(sampler, EpochSampler):  # its order is a function of (seed, epoch, pass)
-            sampler.set_epoch(epoch, pass_index, start=skip * loader.batch_size)
+            done = skip * loader.batch_size * sampler.num_replicas  # by all ranks together
+            sampler.set_epoch(epoch, pass_index, skip=done)
             skip = 0
         elif hasattr(sampler, "set_epoch"):  # e.g. DistributedSampler: one order per pass
             sampler.set_epoch((epoch - 1) * num_passes + pass_index + 1)
@@ -50,6 +77,12 @@ def epoch_batches(
         if num_seen == 0:
             raise UserError("the training data yielded no batch in a whole pass")
         pass_index += 1
+
+
+def remaining_batches(loader: Any, skip_samples: int) -> int:
+    """This rank's batches of a pass after `skip_samples` samples of its order (EpochSampler)."""
+    share = loader.sampler.share(skip_samples)
+    return share // loader.batch_size if loader.drop_last else -(-share // loader.batch_size)
 
 
 def to_device(batch: Any, device: torch.device, channels_last: bool) -> Any:

@@ -15,6 +15,7 @@ import model.model as arch_module
 import trainer as trainer_module
 from base import BaseTrainer
 from parse_config import ConfigError, ConfigParser
+from utils.batches import global_batch
 from utils.device import capabilities
 from utils.distributed import ProcessInfo, is_distributed, once_per_node
 from utils.optim import build_optimizer, freeze
@@ -90,13 +91,8 @@ def build_trainer(
     }
     optimizer = None
     if training:
-        global_batch = (
-            config["data_loader"]["args"]["batch_size"]
-            * info.world_size
-            * config["trainer"]["grad_accum_steps"]
-        )
-        optimizer = build_optimizer(config, model, device, global_batch)
-        log_learning_rates(config, optimizer, global_batch, logger)
+        optimizer = build_optimizer(config, model, device, info.world_size)
+        log_learning_rates(config, optimizer, global_batch(config, info.world_size), logger)
     options = config["trainer"]
     if options["channels_last"]:
         model = model.to(memory_format=torch.channels_last)  # NHWC: faster convolutions on GPUs

@@ -1,9 +1,9 @@
-"""Atomic checkpoint writes and safe, validated reads."""
+"""Atomic writes, checkpoint names, and safe, validated reads."""
 
 import os
 import pickle
 import re
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -12,8 +12,14 @@ import torch
 
 from utils.util import UserError, describe_error, unwrap_model
 
-LATEST = "latest"  # a file in the run folder naming its newest complete checkpoint
-CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-batch(\d+))?\.pth")
+LATEST = "latest"  # a file in the run folder naming the head of the run's timeline
+# checkpoint-epoch<E>.pth: epoch E done; checkpoint-epoch<E>-step<S>.pth: inside epoch E, at
+# optimizer step S. Global steps only grow along a run, so the names sort in the order they were
+# written, whatever the batch size each part of the run trained with.
+CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-step(\d+))?\.pth")
+BEST_NAME = re.compile(r"model_best(?:-epoch(\d+))?\.pth")
+# What write_atomic leaves behind when the process dies inside it: .<name>.<random>.tmp
+TEMPORARY_NAME = re.compile(r"\..+\.[0-9a-f]{16}\.tmp")
 # Keys every checkpoint written by this template has; a file without them is someone else's.
 REQUIRED_KEYS = ("model", "config", "epoch")
 
@@ -22,24 +28,38 @@ class CheckpointError(UserError):
     """A checkpoint file that is missing, unreadable, unsafe or not ours."""
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], *, durable: bool = True) -> None:
     """Replace `path` with what `write` puts in a file, in one step: a crash at any point leaves
     the old file intact and no partial file under the name.
 
     The bytes go to a temporary file in the same folder (so the rename never crosses
-    file systems), are flushed and fsynced, and only then renamed onto `path`.
+    file systems), are flushed and fsynced, and only then renamed onto `path`. The file gets the
+    mode any new file gets (0644 under umask 022). An OSError is raised as itself, also when
+    torch.save wraps it in a RuntimeError. durable False: no fsync (a killed process still
+    leaves a whole file; a power cut may not), for small files written often.
     """
     path = Path(path)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temporary = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    try:
+        # os.open with 0o666 lets the umask decide, as open() does; mkstemp would force 0600.
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as error:  # named after the file it was to become
+        raise OSError(error.errno, error.strerror, str(path)) from None
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)
             file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+            if durable:
+                os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        cause = error.__context__  # torch.save: RuntimeError("unexpected pos ...") from OSError
+        if not isinstance(error, OSError) and isinstance(cause, OSError):
+            raise cause from None
         raise
+    if not durable:
+        return
     # Persist the rename itself: without this a power cut can forget the new directory entry.
     directory = os.open(path.parent, os.O_RDONLY)
     try:
@@ -48,9 +68,9 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
         os.close(directory)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str, *, durable: bool = True) -> None:
     """Replace `path` with `text` atomically (see write_atomic)."""
-    write_atomic(path, lambda file: file.write(text.encode("utf-8")))
+    write_atomic(path, lambda file: file.write(text.encode("utf-8")), durable=durable)
 
 
 def save_checkpoint(state: dict, path: Path) -> None:
@@ -58,13 +78,27 @@ def save_checkpoint(state: dict, path: Path) -> None:
     write_atomic(path, lambda file: torch.save(state, file))
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint with weights_only=True; refuse missing, corrupt, unsafe or foreign files."""
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Delete what write_atomic left in `folder` when a process died inside it; returns them."""
+    found = [path for path in folder.iterdir() if TEMPORARY_NAME.fullmatch(path.name)]
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
+
+
+def load_checkpoint(
+    path: Path, map_location: str | torch.device = "cpu", *, mmap: bool = False
+) -> dict:
+    """Read a checkpoint with weights_only=True; refuse missing, corrupt, unsafe or foreign files.
+
+    mmap: map the tensors instead of reading them (a cheap check that the file loads: its
+    index and every record it names are there).
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
         # weights_only refuses any pickled reference to a Python global (a class, a function),
         # so a payload that would run code is rejected before anything executes.
@@ -102,6 +136,15 @@ def ema_weights(state: dict, path: Path) -> dict:
     return {key[len(prefix) :]: value for key, value in averaged.items() if key.startswith(prefix)}
 
 
+def use_averaged_weights(state: dict, requested: str) -> bool:
+    """Whether --weights `requested` loads the averaged weights of a checkpoint: "ema" asks for
+    them, "trained" for the trained ones, "auto" for those the run's monitor judged (the
+    averaged ones when trainer.monitor watched a val/ema_ metric)."""
+    if requested == "auto":
+        return state.get("weights") == "ema"
+    return requested == "ema"
+
+
 def load_model_state(model: torch.nn.Module, state: dict, path: Path, *, ema: bool = False) -> None:
     """Load state["model"] (or with ema, the averaged weights) into `model` (unwrapped from
     DDP); a mismatch is a CheckpointError."""
@@ -116,23 +159,44 @@ def load_model_state(model: torch.nn.Module, state: dict, path: Path, *, ema: bo
         ) from None
 
 
+def checkpoint_name(epoch: int, step: int | None = None) -> str:
+    """checkpoint-epoch<epoch>.pth, or inside that epoch at a global step, -step<step>."""
+    return (
+        f"checkpoint-epoch{epoch}.pth"
+        if step is None
+        else f"checkpoint-epoch{epoch}-step{step}.pth"
+    )
+
+
+def checkpoint_order(path: Path) -> tuple[int, float] | None:
+    """(epoch, step) of a checkpoint's name, a complete epoch after every step inside it; None
+    for other files."""
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    if match is None:
+        return None
+    step = match.group(2)
+    return int(match.group(1)), int(step) if step else float("inf")
+
+
 def sorted_checkpoints(checkpoint_dir: Path) -> list[Path]:
     """Periodic and mid-epoch checkpoints, oldest first (model_best.pth is not among them)."""
-    found = []
-    for path in checkpoint_dir.glob("checkpoint-epoch*.pth"):
-        match = CHECKPOINT_NAME.fullmatch(path.name)
-        if match:
-            epoch, batch = int(match.group(1)), match.group(2)
-            # A complete epoch e sorts after every mid-epoch checkpoint of epoch e.
-            found.append(((epoch, int(batch) if batch else float("inf")), path))
-    return [path for _, path in sorted(found)]
+    found = [(checkpoint_order(path), path) for path in checkpoint_dir.glob("checkpoint-*.pth")]
+    return [path for order, path in sorted(item for item in found if item[0] is not None)]
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint of a run folder (periodic or mid-epoch), or None.
+def write_latest(run_dir: Path, path: Path, timeline: str) -> None:
+    """Point `latest` at `path`, the head of the timeline `timeline` (its second line)."""
+    write_text_atomic(run_dir / LATEST, f"{path.name}\ntimeline {timeline}\n")
 
-    Every checkpoint file is complete (saves are atomic), so the newest by name is the one to
-    resume from even when a crash came between saving it and updating the `latest` file.
-    """
-    found = sorted_checkpoints(run_dir)
-    return found[-1] if found else None
+
+def read_latest(run_dir: Path) -> tuple[Path | None, str | None]:
+    """(the checkpoint `latest` names, when there is one by that name; its timeline id)."""
+    try:
+        lines = (run_dir / LATEST).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None, None
+    path = run_dir / lines[0].strip() if lines else None
+    if path is None or checkpoint_order(path) is None or not path.is_file():
+        path = None
+    timeline = lines[1].partition("timeline ")[2].strip() if len(lines) > 1 else ""
+    return path, timeline or None

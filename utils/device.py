@@ -37,6 +37,7 @@ class Capabilities:
     fused_optimizers: bool  # Adam, AdamW and SGD get their fused kernels by default
     backend: str | None  # the process group's default backend; None: no torchrun
     sync_bn: bool  # SyncBatchNorm runs there (distributed.sync_bn)
+    float64: bool  # float64 tensors: the metric sums use them (else compensated float32)
 
 
 def capabilities(device: torch.device) -> Capabilities:
@@ -46,7 +47,7 @@ def capabilities(device: torch.device) -> Capabilities:
         autocast = ("bf16", "fp16") if torch.cuda.is_bf16_supported() else ("fp16",)
         return Capabilities(
             autocast=autocast, grad_scaler=True, pin_memory=True, compile="yes",
-            cuda_settings=True, fused_optimizers=True, backend="nccl", sync_bn=True,
+            cuda_settings=True, fused_optimizers=True, backend="nccl", sync_bn=True, float64=True,
         )  # fmt: skip
     if device.type == "mps":
         recent = TorchVersion(torch.__version__) >= MPS_TRAINING_TORCH
@@ -57,14 +58,14 @@ def capabilities(device: torch.device) -> Capabilities:
         return Capabilities(
             autocast=("bf16", "fp16") if bf16 else ("fp16",), grad_scaler=recent,
             pin_memory=False, compile="prototype" if recent else "no", cuda_settings=False,
-            fused_optimizers=False, backend=None, sync_bn=False,
+            fused_optimizers=False, backend=None, sync_bn=False, float64=False,
         )  # fmt: skip
     # The CPU; any other kind ("meta" in the tests) gets fp32 and nothing else assumed.
     cpu = device.type == "cpu"
     return Capabilities(
         autocast=("bf16", "fp16") if cpu else (), grad_scaler=cpu, pin_memory=False,
         compile="yes" if cpu else "no", cuda_settings=False, fused_optimizers=False,
-        backend=default_backend(device), sync_bn=False,
+        backend=default_backend(device), sync_bn=False, float64=cpu,
     )  # fmt: skip
 
 
@@ -81,6 +82,13 @@ def run_device(
     )
     check_options(config, device, logger, info=info, training=training)
     return device
+
+
+def use_device(device: torch.device) -> None:
+    """Make a CUDA device the current one: the pin-memory thread, CUDA events and anything made
+    without a device then use cuda:N, not GPU 0 (which would get a context of its own)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def select_device(

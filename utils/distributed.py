@@ -6,13 +6,18 @@ import os
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from utils.util import UserError
+from utils.util import TrainingError, UserError
+
+# How long the other processes wait for one node's preparation (a download, a decoded-image
+# cache): on a CPU group of its own, which no NCCL watchdog aborts.
+PREPARE_TIMEOUT = timedelta(hours=24)
 
 Result = TypeVar("Result")
 
@@ -53,10 +58,17 @@ def default_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_distributed(info: ProcessInfo, backend: str | None, device: torch.device) -> None:
+def init_distributed(
+    info: ProcessInfo,
+    backend: str | None,
+    device: torch.device,
+    timeout_minutes: float | None = None,
+) -> None:
     """Join the process group torchrun set up; nothing without torchrun.
 
     backend None: default_backend(device). A CUDA device becomes this process's current one.
+    timeout_minutes: how long a collective may wait before it fails (distributed.timeout;
+    None: torch's default, 10 minutes for NCCL, 30 for gloo).
     """
     if not launched_by_torchrun():
         return
@@ -68,16 +80,26 @@ def init_distributed(info: ProcessInfo, backend: str | None, device: torch.devic
     store, _, _ = next(dist.rendezvous("env://"))
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"template/restart{restart}", store)
+    timeout = None if timeout_minutes is None else timedelta(minutes=timeout_minutes)
     dist.init_process_group(
-        backend or default_backend(device), store=store, rank=info.rank, world_size=info.world_size
+        backend or default_backend(device),
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timeout,
     )
 
 
 @contextlib.contextmanager
-def process_group(info: ProcessInfo, backend: str | None, device: torch.device) -> Iterator[None]:
+def process_group(
+    info: ProcessInfo,
+    backend: str | None,
+    device: torch.device,
+    timeout_minutes: float | None = None,
+) -> Iterator[None]:
     """Inside: a member of torchrun's process group (init_distributed), left on the way out,
     also when an exception ends the run."""
-    init_distributed(info, backend, device)
+    init_distributed(info, backend, device, timeout_minutes)
     try:
         yield
     except BaseException as error:
@@ -153,35 +175,51 @@ def once_per_node(function: Callable[[], None], info: ProcessInfo) -> None:
 
     Rank 0 goes first, then the first process of every other node: where the nodes share a
     file system the files are then already there, where they do not each node fetches its own.
-    A UserError on any rank is raised on every rank, so none is left waiting.
+    The others wait in a gloo group of its own with a long timeout (PREPARE_TIMEOUT): not in a
+    collective of the training group, whose timeout (distributed.timeout, and NCCL's watchdog)
+    would end the run while a large folder is still being prepared. A UserError on any rank is
+    raised on every rank, so none is left waiting.
     """
-    first = info.is_main
-    other_node = info.local_rank == 0 and not info.is_main
-    for my_turn in (first, other_node):
-        error = None
-        if my_turn:
-            try:
-                function()
-            except UserError as raised:
-                error = str(raised)
-        # Also the barrier: nobody goes on before this turn is over.
-        errors = [message for message in gather_objects(error) if message]
-        if errors:
-            raise UserError(errors[0])
+    if not is_distributed():
+        function()
+        return
+    group = dist.new_group(backend="gloo", timeout=PREPARE_TIMEOUT)
+    try:
+        first = info.is_main
+        other_node = info.local_rank == 0 and not info.is_main
+        for my_turn in (first, other_node):
+            error = None
+            if my_turn:
+                try:
+                    function()
+                except UserError as raised:
+                    error = str(raised)
+            # Also the barrier: nobody goes on before this turn is over.
+            gathered: list = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, error, group=group)
+            errors = [message for message in gathered if message]
+            if errors:
+                raise UserError(errors[0])
+    finally:
+        dist.destroy_process_group(group)
 
 
 def on_rank0(function: Callable[..., Result], *args: object) -> Result:
     """function(*args) on rank 0 alone, its result on every rank: the others must not race its
-    writes. A UserError it raises is raised on every rank, so that none is left waiting."""
+    writes. A UserError or TrainingError (e.g. a SaveError) it raises is raised on every rank,
+    with its class and message, so that none is left waiting."""
     result, error = None, None
     if not is_distributed() or dist.get_rank() == 0:
         try:
             result = function(*args)
-        except UserError as raised:
-            error = str(raised)
+        except (UserError, TrainingError) as raised:
+            if not is_distributed():
+                raise
+            error = (type(raised), str(raised))
     result, error = broadcast_object((result, error))
     if error:
-        raise UserError(error)
+        kind, message = error
+        raise kind(message)
     return result
 
 

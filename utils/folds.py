@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from logger import setup_logging
-from utils.checkpoint import latest_checkpoint, load_checkpoint, write_text_atomic
+from utils.checkpoint import load_checkpoint, write_text_atomic
 from utils.distributed import ProcessInfo, broadcast_object
 from utils.run_folder import default_run_id
+from utils.timeline import choose
 
 if TYPE_CHECKING:
     from parse_config import ConfigParser
@@ -34,7 +35,7 @@ def write_fold_result(config: "ConfigParser") -> dict:
     checkpoint_dir = config.checkpoint_dir
     best = checkpoint_dir / "model_best.pth"
     use_best = config.monitor_mode != "off" and best.is_file()
-    path = best if use_best else latest_checkpoint(checkpoint_dir)
+    path = best if use_best else choose(checkpoint_dir, logging.getLogger("train")).path
     state = load_checkpoint(path)
     result = {
         "fold": config.fold,

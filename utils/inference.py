@@ -14,15 +14,20 @@ import data_loader.data_loaders as data_module
 import model.model as arch_module
 from data_loader.transforms import evaluation_transform
 from parse_config import ConfigError, ConfigParser
-from utils.checkpoint import CheckpointError, load_checkpoint, load_model_state
+from utils.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model_state,
+    use_averaged_weights,
+)
 from utils.util import ConfigValueError
 
 
 def load_inference_model(
-    path: Path, *, ema: bool = False
+    path: Path, *, weights: str = "auto"
 ) -> tuple[torch.nn.Module, ConfigParser, dict]:
-    """(model in evaluation mode on the CPU, its config, the checkpoint) of checkpoint `path`;
-    with ema, the model holds the averaged weights."""
+    """(model in evaluation mode on the CPU, its config, the checkpoint) of checkpoint `path`,
+    holding the weights --weights chose (use_averaged_weights); state["ema_chosen"] says which."""
     state = load_checkpoint(path, map_location="cpu")
     if not isinstance(state["config"], dict):
         raise CheckpointError(
@@ -36,8 +41,18 @@ def load_inference_model(
         arch_args["weights"] = None
     parsed = ConfigParser(config, source=f"{path} (its config)")
     model = parsed.init_obj("arch", arch_module)
-    load_model_state(model, state, path, ema=ema)
+    state["ema_chosen"] = use_averaged_weights(state, weights)
+    load_model_state(model, state, path, ema=state["ema_chosen"])
     return model.eval(), parsed, state
+
+
+def weights_note(state: dict) -> str:
+    """Which weights were loaded, and why, for the log."""
+    if not state["ema_chosen"]:
+        return "the trained weights"
+    monitor = (state.get("config") or {}).get("trainer", {}).get("monitor", "")
+    why = f" (trainer.monitor {monitor!r} judged them)" if state.get("weights") == "ema" else ""
+    return f"the averaged weights{why}"
 
 
 def input_transform(config: ConfigParser) -> Callable:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from utils.device import capabilities
 from utils.distributed import all_reduce_max, all_reduce_sum
 
 # A metric takes a step's output and target and returns the SUM of a per-sample score over the
@@ -31,22 +32,33 @@ class StepOutput:
 class MetricSums:
     """[loss x batch size, each metric's sum, number of samples], summed on the device.
 
-    Nothing here reads a value back to the host except read_interval and result, so adding a
-    step never waits for the GPU. Dividing the sums by the number of samples at the end weighs
-    every sample alike, however the batches were cut.
+    Nothing here reads a value back to the host except read_interval, state_dict and result,
+    so adding a step never waits for the GPU. Dividing the sums by the number of samples at the
+    end weighs every sample alike, however the batches were cut.
+
+    The sums are float64 where the device has it. Where it does not (Apple's MPS), they are
+    float32 with the rounding error of every addition kept beside them (Knuth's TwoSum) and
+    added back when read: about float64's precision, and counts exact up to 2**48 samples.
     """
 
     def __init__(
         self,
         metric_fns: dict[str, MetricFn],
         device: torch.device,
-        initial: torch.Tensor | None = None,
+        initial: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.metric_fns = metric_fns
-        self.totals = torch.zeros(len(metric_fns) + 2, dtype=torch.float64, device=device)
-        if initial is not None:  # the sums a mid-epoch checkpoint saved
-            self.totals += initial.to(device)
-        self.logged = self.totals.clone()
+        self.dtype = torch.float64 if capabilities(device).float64 else torch.float32
+        self.totals = torch.zeros(len(metric_fns) + 2, dtype=self.dtype, device=device)
+        self.error = None if self.dtype == torch.float64 else torch.zeros_like(self.totals)
+        self.logged = [0.0] * len(self.totals)  # the sums at the last read_interval, on the host
+        if initial is not None:  # the sums a mid-epoch checkpoint saved (float64, on the CPU)
+            self.accumulate(initial["totals"].to(device, self.dtype))
+            if self.error is not None:  # what float32 could not hold of them
+                self.error += (initial["totals"] - self.totals.cpu().double()).to(
+                    device, self.dtype
+                )
+            self.logged = initial["logged"].tolist()
         # The first step whose loss was not finite (0: none yet), kept on the device.
         self.first_nonfinite = torch.zeros((), dtype=torch.int64, device=device)
 
@@ -55,12 +67,32 @@ class MetricSums:
         """Add a step's sums; `index` (> 0) numbers the step, for the non-finite check."""
         size = step.batch_size if step.batch_size is not None else len(step.target)
         # torch.full fills on the device; a host scalar copied over would wait for the GPU.
-        batch_size = torch.full((), size, dtype=torch.float64, device=self.totals.device)
-        sums = [step.loss.detach().double() * batch_size]
-        sums += [fn(step.output, step.target).double() for fn in self.metric_fns.values()]
-        self.totals += torch.stack([*sums, batch_size])
+        batch_size = torch.full((), size, dtype=self.dtype, device=self.totals.device)
+        sums = [step.loss.detach().to(self.dtype) * batch_size]
+        sums += [fn(step.output, step.target).to(self.dtype) for fn in self.metric_fns.values()]
+        self.accumulate(torch.stack([*sums, batch_size]))
         is_new_fault = ~torch.isfinite(step.loss.detach()) & (self.first_nonfinite == 0)
         self.first_nonfinite = torch.where(is_new_fault, index, self.first_nonfinite)
+
+    def accumulate(self, values: torch.Tensor) -> None:
+        if self.error is None:
+            self.totals += values
+            return
+        # TwoSum: total + error == totals + values exactly, whichever of the two is larger.
+        total = self.totals + values
+        back = total - self.totals
+        self.error += (self.totals - (total - back)) + (values - back)
+        self.totals = total
+
+    def host_values(self, *extra: torch.Tensor) -> tuple[list[float], list[float]]:
+        """(the sums as Python floats, `extra` as floats), read in one host-device copy."""
+        parts = [self.totals, *([self.error] if self.error is not None else [])]
+        values = torch.cat([*parts, *(item.to(self.dtype) for item in extra)]).tolist()
+        count = len(self.totals)
+        sums = values[:count]
+        if self.error is not None:
+            sums = [high + low for high, low in zip(sums, values[count : 2 * count], strict=True)]
+        return sums, values[len(parts) * count :]
 
     def read_interval(self, stop_signum: int) -> tuple[list[float], int, int]:
         """(the sums added since the last call, the first step with a non-finite loss, the stop
@@ -68,13 +100,26 @@ class MetricSums:
         flags = torch.stack(
             [self.first_nonfinite, torch.full_like(self.first_nonfinite, stop_signum)]
         )
-        values = torch.cat([self.totals - self.logged, all_reduce_max(flags).double()]).tolist()
-        self.logged = self.totals.clone()
-        return values[:-2], int(values[-2]), int(values[-1])
+        sums, (first_fault, signum) = self.host_values(all_reduce_max(flags))
+        interval = [value - logged for value, logged in zip(sums, self.logged, strict=True)]
+        self.logged = sums
+        return interval, int(first_fault), int(signum)
 
     def all_ranks(self) -> torch.Tensor:
-        """The sums over every rank (a collective), leaving this rank's own untouched."""
-        return all_reduce_sum(self.totals.clone())
+        """The sums over every rank (a collective), as float64 on the CPU."""
+        if self.error is None:
+            return all_reduce_sum(self.totals.clone()).cpu()
+        # Without float64 there is one process (MPS has no process-group backend).
+        return self.totals.cpu().double() + self.error.cpu().double()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The sums and those at the last read over every rank (a collective), float64 on the
+        CPU: what a mid-epoch checkpoint keeps, so that the resumed epoch and its first logged
+        interval are exact."""
+        logged = torch.tensor(self.logged, dtype=torch.float64)
+        if self.error is None:  # reduced where the process group reduces (NCCL: on CUDA)
+            logged = all_reduce_sum(logged.to(self.totals.device)).cpu()
+        return {"totals": self.all_ranks(), "logged": logged}
 
     def result(self, prefix: str) -> dict[str, float]:
         """{"<prefix>/loss": ..., "<prefix>/<metric>": ..., "<prefix>/num_samples": n} over every

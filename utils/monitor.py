@@ -49,6 +49,7 @@ class Monitor:
         self.key = key
         self.early_stop = early_stop or 0
         self.best = math.inf if mode == "min" else -math.inf
+        self.best_epoch: int | None = None  # the epoch of self.best
         self.num_bad_epochs = 0
         self.top_k = top_k
         self.top: list[tuple[float, int]] = []  # (value, epoch), best first
@@ -67,13 +68,13 @@ class Monitor:
         dropped_epochs = [dropped_epoch for _, dropped_epoch in dropped]
         return epoch not in dropped_epochs, [e for e in dropped_epochs if e != epoch]
 
-    def update(self, metrics: dict[str, float]) -> bool:
+    def update(self, metrics: dict[str, float], epoch: int | None = None) -> bool:
         if self.mode == "off":
             return False
         value = metrics[self.key]
         improved = value < self.best if self.mode == "min" else value > self.best
         if improved:
-            self.best = value
+            self.best, self.best_epoch = value, epoch
             self.num_bad_epochs = 0
         else:
             self.num_bad_epochs += 1
@@ -88,6 +89,7 @@ class Monitor:
             "mode": self.mode,
             "key": self.key,
             "best": self.best,
+            "best_epoch": self.best_epoch,
             "num_bad_epochs": self.num_bad_epochs,
             "top": [list(item) for item in self.top],
         }
@@ -96,7 +98,7 @@ class Monitor:
         """Restore best and the bad-epoch count if the checkpoint monitored the same thing."""
         if (state["mode"], state["key"]) != (self.mode, self.key):
             return False
-        self.best = state["best"]
+        self.best, self.best_epoch = state["best"], state.get("best_epoch")
         self.num_bad_epochs = state["num_bad_epochs"]
         self.top = [(value, epoch) for value, epoch in state.get("top", [])][: self.top_k]
         return True

@@ -8,6 +8,7 @@ from torch import nn
 from base import BaseModel
 from base.base_model import name_prefixes, under_prefix
 from parse_config import ConfigError, ConfigParser
+from utils.batches import lr_scale
 from utils.device import capabilities
 from utils.util import ConfigValueError
 
@@ -36,16 +37,12 @@ def freeze(config: ConfigParser, model: nn.Module) -> None:
 
 
 def build_optimizer(
-    config: ConfigParser,
-    model: nn.Module,
-    device: torch.device,
-    global_batch: int | None = None,
+    config: ConfigParser, model: nn.Module, device: torch.device, world_size: int = 1
 ) -> torch.optim.Optimizer:
     """optimizer.type over the model's trainable parameters, in optimizer.param_groups, each
     split in two when norm_bias_weight_decay is set.
 
-    With reference_batch_size, every learning rate is multiplied by global_batch (per process x
-    processes x accumulation; default: one process) / reference_batch_size. On CUDA, Adam,
+    Every learning rate is multiplied by lr_scale (with reference_batch_size). On CUDA, Adam,
     AdamW and SGD use their fused kernels unless optimizer.args sets "fused" or "foreach".
     """
     section = config["optimizer"]
@@ -62,15 +59,10 @@ def build_optimizer(
     ):
         extra["fused"] = True
     optimizer = config.init_obj("optimizer", torch.optim, groups, **extra)
-    reference = section["reference_batch_size"]
-    if reference is not None:
-        if global_batch is None:
-            global_batch = (
-                config["data_loader"]["args"]["batch_size"] * config["trainer"]["grad_accum_steps"]
-            )
-        # The linear scaling rule (Goyal et al., 2017): the learning rate grows with the batch.
+    scale = lr_scale(config, world_size)
+    if scale != 1:  # the learning rate grows with the batch
         for group in optimizer.param_groups:
-            group["lr"] *= global_batch / reference
+            group["lr"] *= scale
     return optimizer
 
 

@@ -6,6 +6,7 @@ every rank rather than leave them waiting.
 """
 
 import json
+import logging
 import os
 import re
 import sys
@@ -13,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from utils.checkpoint import latest_checkpoint, write_text_atomic
+from utils.checkpoint import TEMPORARY_NAME, remove_temporaries, write_text_atomic
 from utils.distributed import process_info
+from utils.timeline import ABANDONED, ResumePoint, choose, from_file, new_timeline_id, set_aside
 from utils.util import UserError
 
 if TYPE_CHECKING:
@@ -31,35 +33,64 @@ def default_run_id(own: str, broadcast: Callable[[object], object]) -> str:
 
 
 def is_restartable(run_dir: Path) -> bool:
-    """A run folder that holds its config.json and nothing else: the run stopped before its
-    first checkpoint, so it can start again from epoch 1 without losing anything."""
-    return [path.name for path in run_dir.iterdir()] == ["config.json"]
+    """A run folder that holds its config.json and nothing else of note (what a save cut short
+    left, an abandoned/ folder): the run stopped before its first checkpoint, so it can start
+    again from epoch 1 without losing anything."""
+    names = [
+        path.name
+        for path in run_dir.iterdir()
+        if not TEMPORARY_NAME.fullmatch(path.name) and path.name != ABANDONED
+    ]
+    return names == ["config.json"]
 
 
-def find_resume_point(config: "ConfigParser") -> Path | None:
-    """The checkpoint to start from: -r, else auto-resume, else None (a fresh run)."""
-    if config.resume is not None:
-        return config.resume
-    run_dir = config.checkpoint_dir
-    latest = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+def find_resume_point(config: "ConfigParser") -> ResumePoint:
+    """Where the run starts (reads only; rank 0): the checkpoint -r names, or the newest that
+    loads of a run folder's timeline (-r RUN_FOLDER, trainer.auto_resume, an elastic restart),
+    else epoch 1 of a new run."""
+    logger = logging.getLogger("train")
+    run_dir, resume = config.checkpoint_dir, config.resume
+    same_run = not config.fine_tune
+    if resume is not None and not resume.is_dir():
+        return from_file(resume, same_run=same_run)
     # An elastic restart is by definition the same run.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if config["trainer"]["auto_resume"] or restarted:
-        return latest
+    if resume is not None or config["trainer"]["auto_resume"] or restarted:
+        folder = resume if resume is not None else run_dir
+        point = choose(folder, logger) if folder.is_dir() else None
+        if point is not None and not same_run:  # fine-tuning from it: a new run
+            return ResumePoint(point.path, new_timeline_id(), new_timeline=True)
+        if point is not None:
+            return point
+        if resume is not None and not (same_run and is_restartable(folder)):
+            if folder.is_dir() and is_restartable(folder):
+                raise UserError(
+                    f"{folder}: no checkpoint to start from; drop -c to restart this run with "
+                    "its own config.json"
+                )
+            raise UserError(f"{folder}: no checkpoint-epoch*.pth in this run folder")
     # A folder that holds only config.json stopped before its first checkpoint: start it again.
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not is_restartable(run_dir):
+    elif run_dir.is_dir() and any(run_dir.iterdir()) and not is_restartable(run_dir):
         raise UserError(
             f"{run_dir}: this run already exists; resume it with -r {run_dir}, set "
             "trainer.auto_resume, or choose another --run-id"
         )
-    return None
+    return ResumePoint(None, new_timeline_id())
 
 
-def prepare_run_folder(config: "ConfigParser") -> None:
-    """Create the run's folders and write its effective config."""
+def prepare_run_folder(config: "ConfigParser", point: ResumePoint) -> None:
+    """Create the run's folders, clear what saves cut short left there, make `point` the head of
+    the run's timeline (setting aside what came after it), and write the effective config."""
+    logger = logging.getLogger("train")
     try:
         config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         config.log_dir.mkdir(parents=True, exist_ok=True)
+        removed = remove_temporaries(config.checkpoint_dir) + remove_temporaries(config.log_dir)
+        if removed:
+            names = ", ".join(path.name for path in removed)
+            logger.info("Removed %d file(s) left by saves cut short: %s", len(removed), names)
+        if not config.fine_tune:
+            set_aside(config.checkpoint_dir, point, logger)
         text = json.dumps(config.config, indent=4) + "\n"
         write_text_atomic(config.checkpoint_dir / "config.json", text)
     except OSError as error:

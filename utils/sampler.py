@@ -52,20 +52,21 @@ class EpochSampler(Sampler[int]):
         self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
         self.epoch = 0
         self.pass_index = 0
-        self.start = 0
+        self.skip = 0
         # Handed to the DataLoader, which draws its worker base seed from it rather than from
         # the global RNG: worker seeds follow (seed, epoch, pass), and a mid-epoch resume that
         # restores the global RNG state is not thrown off by a new iterator's seed draw.
         self.generator = torch.Generator()
 
-    def set_epoch(self, epoch: int, pass_index: int = 0, start: int = 0) -> None:
+    def set_epoch(self, epoch: int, pass_index: int = 0, skip: int = 0) -> None:
         """Choose the order for this epoch (and pass, when an epoch spans several passes).
 
-        `start` skips that many of this rank's indices: a mid-epoch resume continues there.
+        `skip`: the first positions of the pass's order that all ranks together have already
+        trained (a mid-epoch resume, in any batch geometry); the rest is shared out.
         """
         self.epoch = epoch
         self.pass_index = pass_index
-        self.start = start
+        self.skip = skip
         self.generator.manual_seed(derive_seed(self.seed, epoch, pass_index, self.rank))
 
     def global_order(self, epoch: int, pass_index: int = 0) -> np.ndarray:
@@ -85,14 +86,28 @@ class EpochSampler(Sampler[int]):
             positions = np.concatenate(permutations)[: self.num_samples]
         return self.indices[positions]
 
+    @property
+    def start(self) -> int:
+        """This rank's indices of the pass skipped (exact when `skip` is a multiple of the
+        number of ranks, as when the geometry did not change)."""
+        return self.skip // self.num_replicas
+
     def __iter__(self) -> Any:
         order = self.global_order(self.epoch, self.pass_index)
-        if self.pad and len(order) % self.num_replicas:
-            extra = self.num_replicas - len(order) % self.num_replicas
-            order = np.concatenate([order, np.resize(order, extra)])
-        return iter(order[self.rank :: self.num_replicas][self.start :].tolist())
+        rest = order[self.skip :]
+        if self.pad and len(rest) % self.num_replicas:
+            # The padding repeats the pass's first positions, with or without a skip that is a
+            # multiple of the ranks: a resume shares out exactly what the epoch would have.
+            extra = self.num_replicas - len(rest) % self.num_replicas
+            rest = np.concatenate([rest, np.resize(order, extra)])
+        return iter(rest[self.rank :: self.num_replicas].tolist())
+
+    def share(self, skip: int = 0) -> int:
+        """This rank's number of indices in the pass after the first `skip` positions."""
+        rest = max(self.num_samples - skip, 0)
+        if self.pad:
+            return -(-rest // self.num_replicas)
+        return len(range(self.rank, rest, self.num_replicas))
 
     def __len__(self) -> int:
-        if self.pad:
-            return -(-self.num_samples // self.num_replicas)
-        return len(range(self.rank, self.num_samples, self.num_replicas))
+        return self.share()

@@ -1,6 +1,9 @@
 """Learning-rate schedules: built from config with their length derived from the run, a linear
-warmup in front, and when they step."""
+warmup in front, when they step, and what a resume needs to know of them (their signature, and
+how far into them the run is)."""
 
+import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +21,8 @@ LENGTH_ARGS = {
     "OneCycleLR": "total_steps",
     "PolynomialLR": "total_iters",
 }
+# The keys of lr_scheduler that shape a schedule (a resume compares them).
+SHAPE_KEYS = ("type", "args", "interval", "warmup_epochs", "warmup_steps", "warmup_start_factor")
 
 
 def schedule_length(config: "ConfigParser", steps_per_epoch: int) -> tuple[int, int]:
@@ -30,16 +35,59 @@ def schedule_length(config: "ConfigParser", steps_per_epoch: int) -> tuple[int, 
     return epochs * steps_per_epoch, warmup
 
 
+def given_length(section: dict) -> int | None:
+    """The schedule's length set in lr_scheduler.args (None: derived from the run)."""
+    args = section["args"]
+    if section["type"] == "OneCycleLR" and "epochs" in args:
+        return args["epochs"] * args.get("steps_per_epoch", 1)
+    name = LENGTH_ARGS.get(section["type"])
+    return args.get(name) if name else None
+
+
+def check_given_length(
+    config: "ConfigParser", length: int, warmup: int, logger: logging.Logger
+) -> None:
+    """A length in args shorter than the run: OneCycleLR cannot step past its end (refused);
+    a cosine climbs back up after it and a polynomial stays at 0 (warned)."""
+    section = config["lr_scheduler"]
+    given, needed = given_length(section), length - warmup
+    if given is None or given >= needed:
+        return
+    unit = "epochs" if section["interval"] == "epoch" else "optimizer steps"
+    kind, fix = section["type"], f"leave {LENGTH_ARGS.get(section['type'], 'its length')} out"
+    if kind == "OneCycleLR":
+        raise UserError(
+            f"{config.source}: lr_scheduler.args: OneCycleLR's length ({given} {unit}) is shorter "
+            f"than the run's {needed} {unit} after warmup, and it cannot step past its end; "
+            f"{fix} of lr_scheduler.args to fit the run"
+        )
+    after = "climbs back up" if kind == "CosineAnnealingLR" else "stays at its end"
+    logger.warning(
+        "lr_scheduler: %s ends after %d %s, the run has %d: the learning rate reaches its minimum "
+        "before the last epoch and %s; %s of lr_scheduler.args to fit the run.",
+        kind, given, unit, needed, after, fix,
+    )  # fmt: skip
+
+
 def build_scheduler(
-    config: "ConfigParser", optimizer: torch.optim.Optimizer, steps_per_epoch: int
+    config: "ConfigParser",
+    optimizer: torch.optim.Optimizer,
+    steps_per_epoch: int,
+    *,
+    lr_scale: float = 1.0,
+    logger: logging.Logger | None = None,
 ) -> Any:
     """lr_scheduler.type from torch.optim.lr_scheduler, after warmup_epochs/warmup_steps of
-    LinearLR from warmup_start_factor x lr (SequentialLR chains them), or None."""
+    LinearLR from warmup_start_factor x lr (SequentialLR chains them), or None.
+
+    lr_scale: optimizer.reference_batch_size's factor, applied to the rates a schedule sets
+    itself (OneCycleLR's max_lr) as build_optimizer applies it to the optimizer's.
+    """
     section = config["lr_scheduler"]
     if section is None:
         return None
     length, warmup = schedule_length(config, steps_per_epoch)
-    derived = {}
+    derived: dict[str, Any] = {}
     length_arg = LENGTH_ARGS.get(section["type"])
     # OneCycleLR also takes its length as epochs x steps_per_epoch.
     if length_arg and length_arg not in section["args"] and "epochs" not in section["args"]:
@@ -50,7 +98,14 @@ def build_scheduler(
                 f"the run ({length} {unit}) for {section['type']}; shorten the warmup"
             )
         derived[length_arg] = length - warmup
-    main = config.init_obj("lr_scheduler", schedulers, optimizer, **derived)
+    check_given_length(config, length, warmup, logger or logging.getLogger("train"))
+    scaled = {}
+    if section["type"] == "OneCycleLR" and lr_scale != 1 and "max_lr" in section["args"]:
+        max_lr = section["args"]["max_lr"]
+        scaled["max_lr"] = (
+            [rate * lr_scale for rate in max_lr] if isinstance(max_lr, list) else max_lr * lr_scale
+        )
+    main = config.init_obj("lr_scheduler", schedulers, optimizer, overrides=scaled, **derived)
     if warmup == 0:
         return main
     start = schedulers.LinearLR(
@@ -72,3 +127,61 @@ def step_scheduler(
         scheduler.step(metrics[key])
     else:
         scheduler.step()
+
+
+def schedule_signature(
+    config: "ConfigParser", optimizer: torch.optim.Optimizer, steps_per_epoch: int
+) -> dict | None:
+    """What a schedule's state depends on: its config, the run's length and its optimizer steps
+    per epoch, and the learning rates it starts from. A checkpoint keeps it; a resume whose
+    signature differs rebuilds the schedule rather than restore a state that no longer fits."""
+    section = config["lr_scheduler"]
+    if section is None:
+        return None
+    return {
+        **{key: section[key] for key in SHAPE_KEYS},
+        "epochs": config["trainer"]["epochs"],
+        "steps_per_epoch": steps_per_epoch,
+        "base_lrs": [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups],
+    }
+
+
+def schedule_change(saved: dict | None, current: dict) -> str | None:
+    """What differs between two signatures, in words, or None. A checkpoint without one (format
+    1) is compared by its config alone, by the caller."""
+    if saved is None:
+        return None
+    names = {
+        "epochs": "trainer.epochs",
+        "steps_per_epoch": "optimizer steps per epoch",
+        "base_lrs": "the learning rates it starts from",
+    }
+    changed = []
+    for key, value in current.items():
+        before = saved.get(key)
+        if key == "base_lrs":
+            same = len(before or []) == len(value) and all(
+                abs(a - b) <= 1e-12 * max(abs(a), abs(b))
+                for a, b in zip(before, value, strict=True)
+            )
+        else:
+            same = before == value
+        if not same:
+            shown = f" {before} -> {value}" if key in ("epochs", "steps_per_epoch") else " changed"
+            changed.append(names.get(key, f"lr_scheduler.{key}") + shown)
+    return ", ".join(changed) if changed else None
+
+
+def is_positional(scheduler: Any) -> bool:
+    """A schedule whose learning rate is a function of how many times it stepped (every torch
+    scheduler but ReduceLROnPlateau, which follows a metric)."""
+    return not isinstance(scheduler, schedulers.ReduceLROnPlateau)
+
+
+def fast_forward(scheduler: Any, num_steps: int) -> None:
+    """Step a newly built schedule `num_steps` times: where the run stands in it."""
+    with warnings.catch_warnings():
+        # "lr_scheduler.step() before optimizer.step()": no optimizer step is due here.
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(num_steps):
+            scheduler.step()

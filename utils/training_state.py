@@ -1,48 +1,114 @@
-"""A trainer's state as a checkpoint, and back: what the next step depends on, exactly."""
+"""Where a run stands, and the checkpoints that record it: written by rank 0, agreed by all.
 
+A checkpoint is a plain dict. Besides each component's state_dict (model, optimizer, scheduler,
+averaged weights, loss scaler, monitor) it describes itself: its place in the run's timeline,
+its position in samples, the batch geometry and the data it trained with, and its config, so
+that utils/resume.py can tell what of it a later run can take.
+"""
+
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from utils.checkpoint import (
-    LATEST,
-    CheckpointError,
-    load_checkpoint,
-    load_model_state,
-    save_checkpoint,
-    sorted_checkpoints,
-    write_text_atomic,
-)
-from utils.distributed import gather_objects, world_size
-from utils.util import (
-    StopInEpoch,
-    derive_seed,
-    get_rng_state,
-    seed_everything,
-    set_rng_state,
-    unwrap_model,
-)
+import torch
+
+from utils.checkpoint import save_checkpoint, sorted_checkpoints, write_latest
+from utils.distributed import gather_objects, on_rank0
+from utils.util import SaveError, get_rng_state, unwrap_model
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
 
+FORMAT = 2  # 1: before the timeline, positions in samples, geometry and data fingerprints
 
-def checkpoint_state(trainer: "BaseTrainer", epoch: int, metrics: dict[str, float]) -> dict:
-    """Everything the next epoch depends on, as tensors and built-in types only.
+
+@dataclass
+class TrainingState:
+    """Where the run stands: what a checkpoint restores besides the model's components (each of
+    which has its own state_dict). state_dict() and load_state_dict() follow
+    torch.distributed.checkpoint's Stateful protocol; the dict's keys are top-level checkpoint
+    keys."""
+
+    epoch: int = 0  # epochs done
+    global_step: int = 0  # optimizer steps taken
+    num_skipped_steps: int = 0  # batches dropped for a non-finite loss
+    # Inside epoch + 1 (a mid-epoch checkpoint): the samples of the epoch's order that all ranks
+    # together have done (None when trainer.len_epoch sets the epoch's length), this rank's
+    # batches done, and the metric sums so far over all ranks ({"totals", "logged"}: the
+    # epoch's, and those at the last log_step read).
+    samples: int | None = 0
+    batches: int = 0
+    epoch_sums: dict[str, torch.Tensor] | None = None
+    timeline: str = ""  # the id of the run's timeline (utils/timeline.py)
+    parent: str | None = None  # the checkpoint the next one continues (its file name)
+    # Not saved, set by a resume: this rank's RNG state to restore at the resume point, and
+    # whether the batch geometry changed inside the epoch (it then goes on after `samples`).
+    rng: dict | None = None
+    regrouped: bool = False
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "num_skipped_steps": self.num_skipped_steps,
+            "position": {"samples": self.samples, "batches": self.batches},
+            "epoch_sums": self.epoch_sums,
+            "timeline": {"id": self.timeline, "parent": self.parent},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Also reads format 1 checkpoints (resume_batch, resume_totals; no samples, no timeline)."""
+        self.epoch, self.global_step = state["epoch"], state["global_step"]
+        self.num_skipped_steps = state.get("num_skipped_steps", 0)
+        position = state.get("position") or {
+            "samples": None,
+            "batches": state.get("resume_batch", 0),
+        }
+        self.samples, self.batches = position["samples"], position["batches"]
+        self.epoch_sums = state.get("epoch_sums")
+        if self.epoch_sums is None and state.get("resume_totals") is not None:
+            totals = state["resume_totals"]
+            self.epoch_sums = {"totals": totals, "logged": totals}
+        timeline = state.get("timeline") or {}
+        self.timeline = timeline.get("id") or self.timeline
+
+    @property
+    def inside_epoch(self) -> bool:
+        return bool(self.batches)
+
+
+def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
+    """The names of each parameter group's parameters, in the optimizer's order: what its
+    state_dict's indices stand for (a resume with other groups maps its state by name)."""
+    names = {id(param): name for name, param in unwrap_model(model).named_parameters()}
+    return [
+        [names.get(id(param), "") for param in group["params"]] for group in optimizer.param_groups
+    ]
+
+
+def checkpoint_state(trainer: "BaseTrainer", metrics: dict[str, float]) -> dict:
+    """Everything the next step depends on, as tensors and built-in types only.
 
     Called on every rank alike: it gathers each rank's RNG state (a collective).
     """
+    monitored = trainer.monitor.key
     return {
-        "epoch": epoch,
-        "global_step": trainer.global_step,
-        "num_skipped_steps": trainer.num_skipped_steps,
+        "format": FORMAT,
+        **trainer.state.state_dict(),
         "model": unwrap_model(trainer.model).state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
+        "optimizer_params": parameter_names(trainer.model, trainer.optimizer),
         "lr_scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler else None,
+        "schedule": trainer.schedule_signature,
         "ema": trainer.ema.state_dict() if trainer.ema is not None else None,
         "grad_scaler": trainer.scaler.state_dict(),
         "monitor": trainer.monitor.state_dict(),
         "metrics": metrics,
         "config": trainer.config.config,
+        "geometry": trainer.geometry,
+        "data": trainer.data_fingerprint,
+        # The weights the monitor judged: test.py, predict.py and export.py load these.
+        "weights": "ema" if monitored.startswith("val/ema_") else "model",
         # predict.py names its predictions with these, without the training data.
         "class_names": trainer.data.class_names(),
         # One per rank, in rank order: after a mid-epoch resume each rank draws its own
@@ -53,12 +119,39 @@ def checkpoint_state(trainer: "BaseTrainer", epoch: int, metrics: dict[str, floa
     }
 
 
+def save(
+    trainer: "BaseTrainer",
+    state: dict,
+    path: Path | None,
+    *,
+    improved: bool = False,
+    in_top_k: bool = False,
+    dropped: tuple[int, ...] = (),
+) -> None:
+    """Save `state` on rank 0: at `path` (a periodic, last or mid-epoch checkpoint; None: not),
+    and as the best models. Every rank agrees on the outcome: a save that failed (a full disk)
+    stops them all with the same one-line SaveError, so none is left waiting in a collective."""
+
+    def write() -> None:
+        try:
+            if path is not None:
+                write_checkpoint(trainer, state, path)
+            save_best(trainer, state, improved=improved, in_top_k=in_top_k, dropped=dropped)
+        except OSError as error:
+            raise SaveError(
+                f"{error.filename or path}: cannot save ({error.strerror or error}); the "
+                "checkpoints saved before are intact: make room, then resume with -r "
+                f"{trainer.checkpoint_dir}"
+            ) from None
+
+    on_rank0(write)
+
+
 def write_checkpoint(trainer: "BaseTrainer", state: dict, path: Path) -> None:
-    """Save a periodic or mid-epoch checkpoint (rank 0), point `latest` at it, drop the oldest."""
-    if trainer.rank != 0:
-        return
+    """Save a periodic or mid-epoch checkpoint, point `latest` at it, drop the oldest."""
     save_checkpoint(state, path)
-    write_text_atomic(trainer.checkpoint_dir / LATEST, path.name + "\n")
+    write_latest(trainer.checkpoint_dir, path, trainer.state.timeline)
+    trainer.state.parent = path.name  # the next checkpoint continues this one
     trainer.logger.info("Saved %s", path)
     keep_last = trainer.options["keep_last"]
     if keep_last:
@@ -66,152 +159,17 @@ def write_checkpoint(trainer: "BaseTrainer", state: dict, path: Path) -> None:
             old.unlink()
 
 
-def save_mid_epoch(trainer: "BaseTrainer", epoch: int, stop: StopInEpoch) -> Path:
-    """A checkpoint inside `epoch`: the batches done and every rank's sums of them."""
-    path = trainer.checkpoint_dir / f"checkpoint-epoch{epoch}-batch{stop.batches_done}.pth"
-    state = checkpoint_state(trainer, epoch - 1, {})
-    state["resume_batch"], state["resume_totals"] = stop.batches_done, stop.totals.cpu()
-    write_checkpoint(trainer, state, path)
-    return path
-
-
 def save_best(
-    trainer: "BaseTrainer",
-    state: dict,
-    epoch: int,
-    *,
-    improved: bool,
-    in_top_k: bool,
-    dropped: list[int],
+    trainer: "BaseTrainer", state: dict, *, improved: bool, in_top_k: bool, dropped: tuple[int, ...]
 ) -> None:
     """model_best.pth when the monitored metric improved; the top k epochs (trainer.save_top_k)
-    as model_best-epoch<N>.pth, deleting those that left the top k. Rank 0 only."""
-    if trainer.rank != 0:
-        return
+    as model_best-epoch<N>.pth, deleting those that left the top k."""
     if improved:
         save_checkpoint(state, trainer.checkpoint_dir / "model_best.pth")
         trainer.logger.info(
             "Saved model_best.pth (%s %.4g)", trainer.monitor.key, trainer.monitor.best
         )
     if in_top_k:
-        save_checkpoint(state, trainer.checkpoint_dir / f"model_best-epoch{epoch}.pth")
+        save_checkpoint(state, trainer.checkpoint_dir / f"model_best-epoch{state['epoch']}.pth")
     for old in dropped:
         (trainer.checkpoint_dir / f"model_best-epoch{old}.pth").unlink(missing_ok=True)
-
-
-def restore(trainer: "BaseTrainer", path: Path) -> None:
-    """Load a checkpoint into `trainer`: continue after its epoch (or inside it, for a
-    mid-epoch one).
-
-    Fine-tuning (-r CKPT -c CONFIG) takes the weights alone and starts a new run at epoch 1,
-    unless --continue asks to carry on the checkpoint's epoch count and training state.
-    Optimizer and scheduler state are kept only when their config is unchanged (fine-tuning
-    with -c, or --lr, may change them).
-    """
-    config, logger = trainer.config, trainer.logger
-    # On the CPU: the RNG states must stay CPU tensors, and load_state_dict moves model and
-    # optimizer state onto the training device itself.
-    state = load_checkpoint(path, map_location="cpu")
-    load_model_state(trainer.model, state, path)
-    if trainer.ema is not None:  # until its first update (then it copies the model anew)
-        load_model_state(trainer.ema.module, state, path)
-    if config.fine_tune and not config.continue_run:
-        logger.info(
-            "Fine-tuning from %s (epoch %d): its weights, in a new run from epoch 1.",
-            path,
-            state["epoch"],
-        )
-        return
-    restored = False  # whether the optimizer state was restored
-    for name, component in (
-        ("optimizer", trainer.optimizer),
-        ("lr_scheduler", trainer.lr_scheduler),
-    ):
-        if component is None or state[name] is None:
-            continue
-        # Restored state would silently override a changed config (e.g. a new lr).
-        changed = config_change(state["config"], config.config, name)
-        if changed:
-            logger.warning("%s: its state is not restored.", changed)
-            continue
-        if name == "lr_scheduler" and not restored:
-            # A scheduler's state holds the old optimizer's base learning rates.
-            logger.warning("lr_scheduler state is not restored either (new optimizer).")
-            continue
-        try:
-            component.load_state_dict(state[name])
-        except (ValueError, KeyError) as error:
-            raise CheckpointError(f"{path}: cannot restore {name} state: {error}") from None
-        restored = True
-    saved_epochs = state["config"]["trainer"]["epochs"]
-    if restored and trainer.lr_scheduler is not None and saved_epochs != trainer.epochs:
-        logger.warning(
-            "trainer.epochs changed (%d -> %d): the learning-rate schedule keeps the state, and "
-            "the length, it was saved with; to run a new schedule, fine-tune (-r CKPT -c CONFIG).",
-            saved_epochs,
-            trainer.epochs,
-        )
-    if trainer.ema is not None and state.get("ema"):
-        trainer.ema.load_state_dict(state["ema"])
-    if state.get("grad_scaler") and trainer.scaler.is_enabled():
-        trainer.scaler.load_state_dict(state["grad_scaler"])
-    if config.fine_tune:
-        # A new run (perhaps on other validation data, e.g. a cross-validation fold): its
-        # model_best.pth must be the best of this run, not measured against the old one.
-        logger.info("Fine-tuning into a new run: the best monitored value starts afresh.")
-    elif not trainer.monitor.load_state_dict(state["monitor"]):
-        logger.warning("The monitored metric changed: the best value starts afresh.")
-    if not config.fine_tune:  # the same run: its W&B and MLflow runs too
-        trainer.resumed_logger_runs = dict(state.get("logger_runs") or {})
-    trainer.start_epoch = state["epoch"] + 1
-    trainer.global_step = state["global_step"]
-    trainer.num_skipped_steps = state.get("num_skipped_steps", 0)
-    trainer.resume_batch = state.get("resume_batch", 0)
-    trainer.resume_totals = state.get("resume_totals")
-    if trainer.resume_batch:
-        trainer.resume_rng = own_rng_state(trainer, state["rng"])
-    where = f", batch {trainer.resume_batch}" if trainer.resume_batch else ""
-    logger.info("Resumed from %s (epoch %d%s done).", path, state["epoch"], where)
-
-
-def own_rng_state(trainer: "BaseTrainer", saved: list[dict] | dict) -> dict | None:
-    """This rank's RNG state in a mid-epoch checkpoint; None when the world size changed (the
-    engine then seeds each rank anew from where the run stands)."""
-    states = saved if isinstance(saved, list) else [saved]  # older checkpoints: rank 0's only
-    if len(states) == world_size():
-        return states[trainer.rank]
-    trainer.logger.warning(
-        "The checkpoint holds the RNG states of %d process(es), this run has %d: the rest of "
-        "epoch %d draws new random numbers (dropout, augmentation).",
-        len(states),
-        world_size(),
-        trainer.start_epoch,
-    )
-    return None
-
-
-def config_change(saved: dict, current: dict, name: str) -> str | None:
-    """What changed in the config of `name` ("optimizer" or "lr_scheduler") between a
-    checkpoint's config and the current one, or None. The optimizer's covers its param_groups
-    and arch.freeze, which decide the parameters it holds."""
-    saved_section, current_section = saved.get(name) or {}, current.get(name) or {}
-    if saved_section.get("type") != current_section.get("type"):
-        return f"{name} type changed ({saved_section.get('type')} -> {current_section.get('type')})"
-    if saved_section.get("args") != current_section.get("args"):
-        return f"{name} args changed"
-    if name == "optimizer":
-        if saved_section.get("param_groups") != current_section.get("param_groups"):
-            return "optimizer.param_groups changed"
-        if saved["arch"].get("freeze") != current["arch"].get("freeze"):
-            return "arch.freeze changed (the optimizer holds other parameters)"
-    return None
-
-
-def restore_rng(trainer: "BaseTrainer", epoch: int, first_batch: int) -> None:
-    """At the resume point inside an epoch: this rank's saved random numbers, or (another world
-    size) a new stream that is still a function of where the run stands."""
-    if trainer.resume_rng is not None:
-        set_rng_state(trainer.resume_rng, trainer.device)
-    else:
-        seed_everything(derive_seed(trainer.config["seed"], epoch, trainer.rank, first_batch))
-    trainer.resume_rng = None

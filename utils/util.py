@@ -35,15 +35,21 @@ class Interrupted(Exception):
 
 
 class StopInEpoch(Exception):
-    """Raised inside an epoch when a stop was requested: where the epoch stands."""
+    """Raised inside an epoch when a stop was requested: where the epoch stands (batches of
+    this rank, samples of all ranks, the metric sums so far over all ranks)."""
 
-    def __init__(self, batches_done: int, totals: torch.Tensor) -> None:
-        super().__init__(f"stopped after {batches_done} batches")
-        self.batches_done, self.totals = batches_done, totals
+    def __init__(self, batches: int, samples: int | None, sums: dict[str, torch.Tensor]) -> None:
+        super().__init__(f"stopped after {batches} batches")
+        self.batches, self.samples, self.sums = batches, samples, sums
 
 
 class TrainingError(Exception):
     """Training cannot go on (e.g. a non-finite loss); reported in one line, exit code 1."""
+
+
+class SaveError(TrainingError):
+    """A checkpoint could not be written (a full disk, an I/O error); what was saved before is
+    intact. Reported in one line, exit code 1."""
 
 
 def describe_error(error: BaseException) -> str:

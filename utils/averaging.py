@@ -1,0 +1,39 @@
+"""The exponential moving average of the weights (trainer.ema_decay), updated without a host
+sync: torch's AveragedModel keeps the state (its state dict is the checkpoint's "ema"), and
+update_average does what its update_parameters does, without reading its update counter (a
+CPU tensor, copied to the GPU at every update: a copy from pageable memory that waits for the
+GPU's queue) or comparing it on the device."""
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+
+def new_average(model: nn.Module, decay: float) -> AveragedModel:
+    """A copy of the plain model whose weights (and BatchNorm statistics) follow the trained
+    ones: average = decay * average + (1 - decay) * weights, at each update."""
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
+@torch.no_grad()
+def update_average(average: AveragedModel, model: nn.Module, *, restart: bool) -> None:
+    """One update of `average` towards `model`'s weights and buffers; restart: copy them instead
+    (its first update, or one that starts it afresh, e.g. after warmup)."""
+    averaged = [*average.module.parameters(), *average.module.buffers()]
+    current = [*model.parameters(), *model.buffers()]
+    groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for mine, theirs in zip(averaged, current, strict=True):
+        theirs = theirs.detach().to(mine.device)
+        if restart:
+            mine.detach().copy_(theirs)
+        else:  # the multi_avg_fn takes tensors of one device and dtype at a time
+            group = groups[(mine.device, mine.dtype)]
+            group[0].append(mine.detach())
+            group[1].append(theirs)
+    for mine, theirs in groups.values():
+        average.multi_avg_fn(mine, theirs, average.n_averaged)
+    if restart:
+        average.n_averaged.zero_()
+    average.n_averaged += 1  # where it is (the CPU): nothing crosses to or from the GPU
