@@ -35,14 +35,44 @@ def _detach_log_handlers():
     root.setLevel(level)
 
 
+# Global switches tests may flip (configure_torch, set_tf32): (object, attribute).
+TORCH_FLAGS = [
+    (torch.backends.cudnn, "benchmark"),
+    *[
+        (owner, "fp32_precision")
+        for owner in (
+            torch.backends.cuda.matmul,
+            torch.backends.cudnn.conv,
+            torch.backends.cudnn.rnn,
+        )
+        if hasattr(owner, "fp32_precision")
+    ],
+]
+if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch < 2.9: the older flags
+    TORCH_FLAGS += [
+        (torch.backends.cuda.matmul, "allow_tf32"),
+        (torch.backends.cudnn, "allow_tf32"),
+    ]
+
+
 @pytest.fixture(autouse=True)
 def _reset_torch_state():
-    """Tests that seed or change global torch settings do not leak into each other."""
+    """Tests that seed or change global torch settings (an in-process train.main sets
+    deterministic algorithms, cuDNN and TF32 flags) do not leak into each other."""
     rng_state = torch.get_rng_state()
     threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    flags = {name: getattr(owner, name) for owner, name in TORCH_FLAGS if hasattr(owner, name)}
     yield
     torch.set_rng_state(rng_state)
     torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    for owner, name in TORCH_FLAGS:
+        # Set back only what changed: torch >= 2.9 refuses to read allow_tf32 once the newer
+        # fp32_precision settings were written, and the other way round.
+        if hasattr(owner, name) and name in flags and getattr(owner, name) != flags[name]:
+            setattr(owner, name, flags[name])
 
 
 def shrink(config: dict, save_dir: Path) -> dict:
@@ -147,18 +177,26 @@ def signal_once_saved(
     return process.communicate(timeout=120)[0]
 
 
+class Crash(Exception):
+    """What StopAt raises at trainer.args.crash_at_step: the process dies there, saving nothing."""
+
+
 @pytest.fixture
 def stop_at(monkeypatch: pytest.MonkeyPatch) -> None:
     """trainer.type "StopAt", as a config can name it: the demo's Trainer, which asks to stop
-    (as SIGTERM would) once the optimizer step trainer.args.stop_at_step has been taken."""
+    (as SIGTERM would) once the optimizer step trainer.args.stop_at_step has been taken, or
+    dies (raises Crash, as after a SIGKILL nothing more is saved) before the step
+    trainer.args.crash_at_step."""
     import trainer as trainer_module
 
     class StopAt(trainer_module.Trainer):
-        def __init__(self, *args, stop_at_step: int = 0, **kwargs) -> None:
+        def __init__(self, *args, stop_at_step: int = 0, crash_at_step: int = 0, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.stop_at_step = stop_at_step
+            self.stop_at_step, self.crash_at_step = stop_at_step, crash_at_step
 
         def training_step(self, batch):
+            if self.global_step + 1 == self.crash_at_step:
+                raise Crash(f"killed before step {self.crash_at_step}")
             if self.global_step + 1 == self.stop_at_step:
                 self.stop.signum = signal.SIGTERM
             return super().training_step(batch)

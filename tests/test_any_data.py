@@ -82,7 +82,7 @@ def assert_stopped_run_resumes_exactly(tmp_path: Path, config: Path, stop_at: in
     ]
     assert train.main(stopped) == 128 + signal.SIGTERM
     run_dir = tmp_path / "saved" / "models" / "Demo_CifarCNN" / "stopped"
-    (saved,) = run_dir.glob("checkpoint-epoch2-batch*.pth")
+    (saved,) = run_dir.glob("checkpoint-epoch2-step*.pth")
     assert train.main(["-r", str(saved), "--set", "trainer.args.stop_at_step=0"]) == 0
     straight, resumed = final_state(tmp_path, "straight"), final_state(tmp_path, "stopped")
     for key, value in straight["model"].items():

@@ -13,7 +13,8 @@ from conftest import ROOT
 
 import train
 from parse_config import ConfigError, ConfigParser
-from utils import ConfigValueError
+from utils import ConfigValueError, UserError
+from utils.run_folder import find_resume_point
 
 DELETE = object()  # marks a key to remove in a validation case
 
@@ -31,6 +32,7 @@ NAMESPACE_DEFAULTS = {
     "set": None,
     "continue_run": False,
     "requeue_file": None,
+    "allow_data_change": False,
 }
 
 
@@ -668,13 +670,15 @@ def test_continue_needs_a_checkpoint_and_a_config(make_config, moved_run):
 def test_a_run_folder_without_checkpoints_restarts_with_its_own_config(moved_run):
     moved_run.unlink()  # the run stopped before its first checkpoint: only config.json is left
     parser = ConfigParser.from_args(namespace(resume=str(moved_run.parent)))
-    assert parser.resume is None and not parser.fine_tune
-    assert parser.source == str(moved_run.parent / "config.json")
+    assert not parser.fine_tune and parser.source == str(moved_run.parent / "config.json")
     assert parser.checkpoint_dir == moved_run.parent and parser.run_id == "my-run"
+    assert find_resume_point(parser).path is None  # epoch 1, in that folder
 
 
 def test_a_run_folder_with_other_files_but_no_checkpoint_is_refused(moved_run):
     moved_run.unlink()
     (moved_run.parent / "notes.txt").write_text("mine")
-    message = parse_error(resume=str(moved_run.parent))
-    assert message == f"{moved_run.parent}: no checkpoint-epoch*.pth in this run folder"
+    parser = ConfigParser.from_args(namespace(resume=str(moved_run.parent)))
+    with pytest.raises(UserError) as raised:
+        find_resume_point(parser)
+    assert str(raised.value) == f"{moved_run.parent}: no checkpoint-epoch*.pth in this run folder"

@@ -112,7 +112,7 @@ def test_a_pass_started_later_is_the_tail_of_the_whole_pass(drop_last):
     loader.sampler.set_epoch(3, 1)
     whole = list(loader)  # 60 training samples: 7 batches of 8 and one of 4
     assert len(whole) == len(loader) == (7 if drop_last else 8)
-    loader.sampler.set_epoch(3, 1, start=3 * 8)
+    loader.sampler.set_epoch(3, 1, skip=3 * 8)  # one process: 3 batches of its share
     tail = list(loader)
     assert len(tail) == len(whole) - 3
     for (images, labels), (expected_images, expected_labels) in zip(tail, whole[3:], strict=True):

@@ -389,7 +389,7 @@ def test_a_mid_epoch_resume_restores_each_ranks_own_rng(spawn, config_path: Path
     for pid in worker_pids(launcher.pid):  # as SLURM signals every process of the job
         os.kill(pid, signal.SIGUSR1)
     output = launcher.communicate(timeout=120)[0]
-    saved = list(run_dir.glob("checkpoint-epoch2-batch*.pth"))
+    saved = list(run_dir.glob("checkpoint-epoch2-step*.pth"))
     assert len(saved) == 1, output[-3000:]
     rng = torch.load(saved[0], weights_only=True)["rng"]
     assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])

@@ -58,10 +58,12 @@ def make_trainer(tmp_path: Path, device: torch.device, **trainer_args) -> Traine
 def test_resume_loads_on_the_cpu_and_places_state_on_the_training_device(tmp_path, mid_epoch):
     trainer = make_trainer(tmp_path / "cpu", torch.device("cpu"))
     trainer.train_epoch(1)
-    trainer.num_skipped_steps = 3
-    state = checkpoint_state(trainer, 1, {"train/loss": 1.0})
+    trainer.state.epoch, trainer.state.num_skipped_steps = 1, 3
     if mid_epoch:
-        state["resume_batch"], state["resume_totals"] = 2, torch.ones(4, dtype=torch.float64)
+        sums = torch.ones(5, dtype=torch.float64)
+        trainer.state.batches, trainer.state.samples = 2, 64
+        trainer.state.epoch_sums = {"totals": sums, "logged": sums}
+    state = checkpoint_state(trainer, {"train/loss": 1.0})
     path = tmp_path / "checkpoint-epoch1.pth"
     save_checkpoint(state, path)
 
@@ -69,16 +71,17 @@ def test_resume_loads_on_the_cpu_and_places_state_on_the_training_device(tmp_pat
     # as they refuse CUDA tensors. Loading the checkpoint onto it crashed every resume path.
     resumed = make_trainer(tmp_path / "meta", torch.device("meta"))
     resumed.resume(path)
-    assert resumed.start_epoch == 2 and resumed.num_skipped_steps == 3
+    assert resumed.start_epoch == 2 and resumed.state.num_skipped_steps == 3
     # load_state_dict put the optimizer state where the parameters are.
     parameter = next(resumed.model.parameters())
     assert resumed.optimizer.state[parameter]["exp_avg"].device.type == "meta"
     if mid_epoch:
-        assert resumed.resume_batch == 2 and resumed.resume_totals.device.type == "cpu"
+        assert resumed.state.batches == 2 and resumed.state.samples == 64
+        assert resumed.state.epoch_sums["totals"].device.type == "cpu"
 
 
 def test_the_checkpoint_holds_one_rng_state_per_rank(tmp_path):
-    state = checkpoint_state(make_trainer(tmp_path, torch.device("cpu")), 0, {})
+    state = checkpoint_state(make_trainer(tmp_path, torch.device("cpu")), {})
     assert isinstance(state["rng"], list) and len(state["rng"]) == 1
     assert state["rng"][0]["torch"].device.type == "cpu" and state["rng"][0]["cuda"] is None
 

@@ -119,7 +119,7 @@ def test_decoded_training_batches_replay_from_a_resume_point(tmp_path):
             state = torch.get_rng_state()
     assert [images.shape for images, _ in whole] == [(2, 3, 24, 24)] * 4 + [(1, 3, 24, 24)]
     torch.manual_seed(6)
-    loader.sampler.set_epoch(1, start=2 * 2)
+    loader.sampler.set_epoch(1, skip=2 * 2)
     tail = iter(loader)
     torch.set_rng_state(state)  # restored at the resume point, before the first batch
     for (images, labels), (expected_images, expected_labels) in zip(tail, whole[2:], strict=True):
@@ -200,7 +200,7 @@ def test_a_run_stopped_mid_epoch_resumes_bit_exact(tmp_path, stop_at, path):
     assert (
         train.main(["-c", str(config_path), "--run-id", "stopped", *stop]) == 128 + signal.SIGTERM
     )
-    (saved,) = (run_dir / "stopped").glob("checkpoint-epoch2-batch*.pth")
+    (saved,) = (run_dir / "stopped").glob("checkpoint-epoch2-step*.pth")
     assert train.main(["-r", str(saved), "--set", "trainer.args.stop_at_step=0"]) == 0
     straight, resumed = final_model(run_dir / "straight"), final_model(run_dir / "stopped")
     for key, value in straight["model"].items():

@@ -202,7 +202,7 @@ def stopped_and_resumed(tmp_path: Path, loggers: list[str], **options) -> Path:
     assert train.main(["-c", str(path), "--run-id", "run", *stop]) == 128 + signal.SIGTERM
     run_dir = tmp_path / "saved" / RUN / "run"
     go_on = ["--set", "trainer.args.stop_at_step=0"]
-    assert train.main(["-r", str(run_dir / "checkpoint-epoch2-batch3.pth"), *go_on]) == 0
+    assert train.main(["-r", str(run_dir / "checkpoint-epoch2-step11.pth"), *go_on]) == 0
     return run_dir
 
 

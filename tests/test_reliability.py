@@ -14,7 +14,7 @@ import torch
 from conftest import ROOT, run_script
 
 from utils import load_checkpoint, save_checkpoint
-from utils.checkpoint import latest_checkpoint
+from utils.checkpoint import read_latest, sorted_checkpoints
 from utils.signals import StopRequest
 
 RUN = Path("models") / "Demo_CifarCNN"
@@ -92,7 +92,7 @@ def test_outputs_with_keep_last(uninterrupted: Path) -> None:
         "latest",
         "model_best.pth",
     ]
-    assert latest_checkpoint(uninterrupted) == uninterrupted / "checkpoint-epoch3.pth"
+    assert read_latest(uninterrupted)[0] == uninterrupted / "checkpoint-epoch3.pth"
 
 
 def test_sigkill_then_resume_is_bit_exact(spawn, config_path: Path, uninterrupted: Path) -> None:
@@ -126,14 +126,16 @@ def test_sigterm_saves_mid_epoch_and_resume_finishes_exactly(
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert "stopped by SIGTERM; resume with: -r" in stderr
 
-    saved = latest_checkpoint(run_dir)
-    assert saved is not None and saved.name.startswith("checkpoint-epoch2-batch"), saved
+    saved = sorted_checkpoints(run_dir)[-1]
+    assert saved.name.startswith("checkpoint-epoch2-step"), saved
     state = load_checkpoint(saved)
-    assert state["epoch"] == 1 and 0 < state["resume_batch"] < 120
+    batches = state["position"]["batches"]
+    # trainer.len_epoch sets the epoch's length (15 passes): a position in batches only.
+    assert state["epoch"] == 1 and 0 < batches < 120 and state["position"]["samples"] is None
 
     result = run_script("train.py", "-r", str(saved))
     assert result.returncode == 0, result.stderr
-    assert f"epoch 1, batch {state['resume_batch']} done" in result.stdout
+    assert f"epoch 1 done, then {batches} batches of epoch 2" in result.stdout
     # Data order, skipped batches and RNG state all line up: the result equals the
     # uninterrupted run's (num_workers 0, CPU, deterministic).
     assert_same_training_state(
@@ -179,8 +181,12 @@ def test_nonfinite_loss_stops_and_keeps_model_best(uninterrupted: Path, tmp_path
     assert result.returncode == 1, result.stderr
     assert "error: non-finite loss at epoch 3, step" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    # model_best.pth and the reference's own epoch-3 checkpoint are untouched, nothing added.
-    assert {path.name: path.read_bytes() for path in run_dir.glob("*.pth")} == before
+    # The restart from epoch 2 made it the run's timeline: the epoch-3 checkpoint moved aside,
+    # intact; model_best.pth (epoch 2) stayed; nothing was written from NaN weights.
+    (aside,) = (run_dir / "abandoned").iterdir()
+    kept = {**{p.name: p.read_bytes() for p in run_dir.glob("*.pth")}}
+    assert {**kept, **{p.name: p.read_bytes() for p in aside.glob("*.pth")}} == before
+    assert sorted(kept) == ["checkpoint-epoch2.pth", "model_best.pth"]
 
 
 def test_nonfinite_skip_policy_gives_up_after_too_many(config_path: Path, tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def test_preemption_requeues_once_without_restarting_workers_then_resumes(spawn,
     assert calls.read_text().count(f"scontrol requeue {JOB_ID}") == 1, calls.read_text()
     assert "Resumed from" not in output, output[-4000:]  # no worker was restarted
     assert "stopped by SIGUSR1" in output
-    saved = sorted(path.name for path in run_dir.glob("checkpoint-epoch2-batch*.pth"))
+    saved = sorted(path.name for path in run_dir.glob("checkpoint-epoch2-step*.pth"))
     assert len(saved) == 1, sorted(path.name for path in run_dir.iterdir())
     assert not (tmp_path / "requeue").exists()
 

@@ -256,10 +256,10 @@ def test_learning_rates_scale_with_the_global_batch(tmp_path):
         "type": "SGD", "args": {"lr": 0.1}, "reference_batch_size": 256,
         "param_groups": [{"params": "head", "lr": 0.01}],
     }  # fmt: skip
-    config = demo_config(tmp_path, optimizer=optimizer_section)
+    config = demo_config(tmp_path, optimizer=optimizer_section, trainer={"grad_accum_steps": 2})
     model = CifarCNN(widths=[8, 16])
-    # 64 per process x 4 processes x 2 accumulated = 512: twice the reference batch.
-    optimizer = build_optimizer(config, model, torch.device("cpu"), global_batch=64 * 4 * 2)
+    # 32 per process x 8 processes x 2 accumulated = 512: twice the reference batch.
+    optimizer = build_optimizer(config, model, torch.device("cpu"), world_size=8)
     assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([0.2, 0.02])
 
 

@@ -39,7 +39,8 @@ def test_outputs_of_a_run(trained_run: dict) -> None:
         "latest",
         "model_best.pth",
     ]
-    assert (run_dir / "latest").read_text() == "checkpoint-epoch2.pth\n"
+    name, timeline = (run_dir / "latest").read_text().splitlines()
+    assert name == "checkpoint-epoch2.pth" and re.fullmatch(r"timeline [0-9a-f]{8}", timeline)
     # The effective config, defaults included, is what the run used.
     saved_config = json.loads((run_dir / "config.json").read_text())
     assert saved_config["trainer"]["epochs"] == 2
@@ -148,7 +149,7 @@ def test_fine_tune_with_continue_keeps_the_epoch_count(trained_run: dict, make_c
         "--continue", "--run-id", "continued",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "optimizer type changed (Adam -> SGD)" in result.stdout
+    assert "optimizer.type changed (Adam -> SGD)" in result.stdout
     assert logged_epochs(result.stdout) == [3]
     new_run = config.parent / "saved" / "models" / "Demo_CifarCNN" / "continued"
     # The new run's best is its own: its first epoch is the best so far, whatever the old run's.

@@ -1,0 +1,90 @@
+"""The resume-related GPU paths on a real GPU (benchmarks/gpu_check.sh runs them; skipped without
+CUDA): JPEGs decoded on the GPU never overwrite memory queued work still reads, the averaged
+weights and the metric sums update without a host sync, and cuda:N becomes the current device."""
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from data_loader.data_loaders import ImageFolderDataLoader
+from utils.averaging import update_average
+from utils.device import use_device
+from utils.metric_sums import MetricSums, StepOutput
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def syncs(call) -> list[str]:
+    """The synchronizing CUDA calls `call()` makes, as torch's sync debug mode reports them."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
+def test_decoding_on_the_gpu_leaves_memory_that_queued_kernels_read_alone(tmp_path: Path):
+    """pytorch/vision#9606: decode_jpeg's outputs may take memory just freed on the current stream
+    while kernels queued there still read it. Through the template's decoder they never do."""
+    for index in range(8):
+        folder = tmp_path / "images" / "train" / "a"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (512, 512), (index * 30, 90, 200)).save(folder / f"{index}.jpg")
+    data = ImageFolderDataLoader(
+        str(tmp_path / "images"), preset="cifar", decode="device", batch_size=8, seed=0,
+        device="cuda",
+    )  # fmt: skip
+    batches = data.train_loader()
+    samples = data.dataset("train").samples
+    encoded = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p, _ in samples]
+    paths = [path for path, _ in samples]
+    corrupted = 0
+    for _ in range(20):
+        tensors = [torch.full((1 << 20,), float(i), device="cuda") for i in range(16)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(20_000_000)  # a long kernel: what follows waits in the queue
+        sums = [tensor.sum() for tensor in tensors]  # queued reads of the tensors
+        del tensors  # freed while those reads are still queued
+        batches.decode(list(encoded), paths)
+        torch.cuda.synchronize()
+        corrupted += sum(int(total.item() != i * (1 << 20)) for i, total in enumerate(sums))
+    assert corrupted == 0
+
+
+def test_the_average_updates_without_a_host_sync():
+    model = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64)).cuda()
+    model(torch.randn(8, 64, device="cuda"))
+    average = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99), use_buffers=True)
+    update_average(average, model, restart=True)
+    assert syncs(lambda: update_average(average, model, restart=False)) == []
+    print("torch's AveragedModel.update_parameters:", syncs(lambda: average.update_parameters(model)))
+
+
+def test_metric_sums_add_in_float64_without_a_host_sync():
+    sums = MetricSums({"total": lambda output, target: output.sum()}, torch.device("cuda"))
+    assert sums.totals.dtype == torch.float64
+    output = torch.ones(32, device="cuda")
+    loss = torch.ones((), device="cuda")
+    assert syncs(lambda: sums.add(StepOutput(loss=loss, output=output, target=output), 1)) == []
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_named_gpu_becomes_the_current_device():
+    use_device(torch.device("cuda", 1))
+    try:
+        assert torch.cuda.current_device() == 1
+        assert torch.empty(1, device="cuda").device.index == 1
+    finally:
+        torch.cuda.set_device(0)
