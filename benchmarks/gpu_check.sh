@@ -17,7 +17,9 @@
 #      the DataLoader vs pipeline "device"; 224 px JPEGs decoded by PIL workers vs on the GPU),
 #      then benchmarks/pipeline_training.py (config.json's model on a generated CIFAR-size
 #      JPEG folder with each pipeline: samples/s, data-wait fraction, val/accuracy);
-#   9. the GPU-marked tests: python -m pytest -q -m gpu (the no-sync tests, fp16 + fused).
+#   9. the GPU-marked tests: python -m pytest -q -m gpu (the no-sync tests, fp16 + fused; GPU
+#      JPEG decoding that never overwrites memory queued kernels read, pytorch/vision#9606; the
+#      averaged weights and metric sums without a host sync; cuda:N as the current device).
 # Exit status: 0 when every step passed, else 1 (the failed steps are listed at the end).
 #
 #   bash benchmarks/gpu_check.sh          # on the GPU machine
