@@ -38,7 +38,9 @@ class MetricSums:
 
     The sums are float64 where the device has it. Where it does not (Apple's MPS), they are
     float32 with the rounding error of every addition kept beside them (Knuth's TwoSum) and
-    added back when read: about float64's precision, and counts exact up to 2**48 samples.
+    added back when read: counts and other integer sums stay exact up to 2**48, and a loss sum
+    is off by about 1e-10 of itself (each batch's loss x its size rounds to float32), where plain
+    float32 sums drift by about 3e-6 over 100,000 batches (tests/test_resume_changes.py).
     """
 
     def __init__(
