@@ -101,6 +101,15 @@ def test_a_save_that_landed_just_before_a_crash_is_the_head_though_latest_lags(s
     ).exists()  # epoch 3 is the same timeline: resumed, not set aside
 
 
+def test_keep_last_holds_also_after_a_kill_between_a_save_and_its_deletions(stop_at, tmp_path):
+    config = demo(tmp_path)  # keep_last null: all three checkpoints
+    assert train.main(["-c", str(config), "--run-id", "run"]) == 0
+    run_dir = tmp_path / "saved" / RUN / "run"
+    assert len(sorted_checkpoints(run_dir)) == 3  # as a kill right after saving epoch 3 leaves
+    assert train.main(["-r", str(run_dir), "--set", "trainer.keep_last=2"]) == 0  # all done
+    assert sorted_checkpoints(run_dir) == [run_dir / f"checkpoint-epoch{e}.pth" for e in (2, 3)]
+
+
 # --- 2. a damaged newest checkpoint ---------------------------------------------------------------
 
 

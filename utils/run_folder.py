@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from utils.checkpoint import TEMPORARY_NAME, remove_temporaries, write_text_atomic
 from utils.distributed import process_info
 from utils.timeline import ABANDONED, ResumePoint, choose, from_file, new_timeline_id, set_aside
+from utils.training_state import drop_oldest
 from utils.util import UserError
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ def prepare_run_folder(config: "ConfigParser", point: ResumePoint) -> None:
             logger.info("Removed %d file(s) left by saves cut short: %s", len(removed), names)
         if not config.fine_tune:
             set_aside(config.checkpoint_dir, point, logger)
+            # A kill between a save and its deletions left one checkpoint too many.
+            drop_oldest(config.checkpoint_dir, config["trainer"]["keep_last"])
         text = json.dumps(config.config, indent=4) + "\n"
         write_text_atomic(config.checkpoint_dir / "config.json", text)
     except OSError as error:

@@ -153,10 +153,14 @@ def write_checkpoint(trainer: "BaseTrainer", state: dict, path: Path) -> None:
     write_latest(trainer.checkpoint_dir, path, trainer.state.timeline)
     trainer.state.parent = path.name  # the next checkpoint continues this one
     trainer.logger.info("Saved %s", path)
-    keep_last = trainer.options["keep_last"]
+    drop_oldest(trainer.checkpoint_dir, trainer.options["keep_last"])
+
+
+def drop_oldest(checkpoint_dir: Path, keep_last: int | None) -> None:
+    """Delete all but the newest keep_last checkpoints (None: keep all)."""
     if keep_last:
-        for old in sorted_checkpoints(trainer.checkpoint_dir)[:-keep_last]:
-            old.unlink()
+        for old in sorted_checkpoints(checkpoint_dir)[:-keep_last]:
+            old.unlink(missing_ok=True)
 
 
 def save_best(
