@@ -260,7 +260,9 @@ def test_random_kills_and_restarts_under_torchrun_end_as_the_uninterrupted_run(
     config_path, references, testrun_uid, index
 ):
     seed = base_seed(testrun_uid) + 1000 + index
-    print(f"kill schedule seed {seed} (replay: CHAOS_SEED={seed - 1000 - index}, schedule [{index}])")
+    print(
+        f"kill schedule seed {seed} (replay: CHAOS_SEED={seed - 1000 - index}, schedule [{index}])"
+    )
     run_dir, events = run_schedule(config_path, f"chaos-ddp-{index}", 2, seed)
     print("\n".join(events))
     assert_same_run(references(2), run_dir, events)

@@ -48,7 +48,9 @@ def test_decoding_on_the_gpu_leaves_memory_that_queued_kernels_read_alone(tmp_pa
     )  # fmt: skip
     batches = data.train_loader()
     samples = data.dataset("train").samples
-    encoded = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p, _ in samples]
+    encoded = [
+        torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p, _ in samples
+    ]
     paths = [path for path, _ in samples]
     corrupted = 0
     for _ in range(20):
@@ -69,7 +71,9 @@ def test_the_average_updates_without_a_host_sync():
     average = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99), use_buffers=True)
     update_average(average, model, restart=True)
     assert syncs(lambda: update_average(average, model, restart=False)) == []
-    print("torch's AveragedModel.update_parameters:", syncs(lambda: average.update_parameters(model)))
+    print(
+        "torch's AveragedModel.update_parameters:", syncs(lambda: average.update_parameters(model))
+    )
 
 
 def test_metric_sums_add_in_float64_without_a_host_sync():
