@@ -10,7 +10,8 @@ from torch.utils.data import Dataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from base.base_data_loader import DataError
+# BaseDataLoader: what a loader you add here subclasses (docs/extending.md#data).
+from base.base_data_loader import BaseDataLoader, DataError  # noqa: F401
 from data_loader.device_decode import DeviceDecodedBatches, EncodedImages, collate_encoded
 from data_loader.device_pipeline import Normalise, stack_arrays
 from data_loader.image_cache import cache_path, decode_and_cache, load_cached
@@ -19,7 +20,7 @@ from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import SyntheticShapes
 from data_loader.transforms import IMAGE_SIZES, PRESETS, STATS
 from utils import ConfigValueError, describe_error
-from utils.sampler import EpochSampler
+from utils.data.sampler import EpochSampler
 
 # data_loader.args.decode (ImageFolderDataLoader): PIL in the worker processes, or JPEGs
 # decoded on the training device (data_loader/device_decode.py).

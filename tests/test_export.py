@@ -17,7 +17,7 @@ import torch
 from conftest import ROOT, run_script
 
 import export
-from utils.inference import load_inference_model
+from build import load_inference_model
 
 ONNX_MISSING = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
 FORMATS = [
@@ -52,11 +52,14 @@ def export_file(checkpoint: Path, format_name: str, out: Path) -> tuple[float, f
     return float(found.group(1)), float(found.group(2))
 
 
-def snippet(suffix: str) -> str:
-    """The docs' python block that loads a file with this suffix, e.g. model.pt2."""
-    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.DOTALL)
-    (block,) = [block for block in blocks if f'"model{suffix}"' in block]
-    return block
+def snippets(suffix: str) -> list[str]:
+    """The python blocks of the docs and the README that load a file with this suffix, e.g.
+    model.pt2: one in docs/predict-export.md for each format, and the README's."""
+    text = DOCS.read_text(encoding="utf-8") + (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    found = [block for block in blocks if f'"model{suffix}"' in block]
+    assert len(found) == (2 if suffix == ".pt2" else 1), found
+    return found
 
 
 @pytest.mark.parametrize(("format_name", "suffix"), FORMATS)
@@ -69,16 +72,18 @@ def test_demo_cnn_parity_and_the_docs_way_to_load_it(
     print(f"demo CNN {format_name}: logit difference {difference:.3g}, logits up to {scale:.3g}")
     if format_name == "onnx" and importlib.util.find_spec("onnxruntime") is None:
         pytest.skip("optional onnxruntime not installed: the docs' ONNX lines need it")
-    # The docs' lines, run by a Python that has only torch (and onnxruntime), not this repository.
-    result = run_script("-c", snippet(suffix) + SAVE_INPUTS_AND_LOGITS, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    images = torch.from_numpy(np.load(tmp_path / "images.npy"))
     model, _, _ = load_inference_model(demo_checkpoint)
-    with torch.no_grad():
-        expected = model(images)
-    assert expected.shape == (len(images), 10)
-    logits = torch.from_numpy(np.load(tmp_path / "logits.npy"))
-    assert (logits - expected).abs().max() <= export.TOLERANCE
+    for block in snippets(suffix):
+        # The docs' lines, run by a Python that has only torch (and onnxruntime), not this
+        # repository.
+        result = run_script("-c", block + SAVE_INPUTS_AND_LOGITS, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        images = torch.from_numpy(np.load(tmp_path / "images.npy"))
+        with torch.no_grad():
+            expected = model(images)
+        assert expected.shape == (len(images), 10)
+        logits = torch.from_numpy(np.load(tmp_path / "logits.npy"))
+        assert (logits - expected).abs().max() <= export.TOLERANCE
 
 
 @pytest.mark.parametrize(("format_name", "suffix"), FORMATS)

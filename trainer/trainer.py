@@ -16,8 +16,8 @@ import torchvision
 from base import BaseTrainer, StepOutput
 from data_loader.transforms import batch_mixing
 from utils import unwrap_model
-from utils.batches import has_length, num_samples
-from utils.data_summary import log_data_summary
+from utils.data.batches import has_length, num_samples
+from utils.data.data_summary import log_data_summary
 
 
 class Trainer(BaseTrainer):
@@ -52,8 +52,7 @@ class Trainer(BaseTrainer):
     def on_train_start(self) -> None:
         """Log the model and the data; show the loggers that take images what the model sees."""
         self.logger.info("%s", unwrap_model(self.model))
-        batch_size, num_processes = self.train_loader.batch_size, self.data.num_replicas
-        accumulate = self.options["grad_accum_steps"]
+        geometry = self.geometry  # the global batch, and what it is made of
         self.logger.info(
             "Data: %s training samples, %s validation samples, %d classes; %d batches per epoch. "
             "Global batch %d = %d per process x %d process(es) x %d accumulated, on %s.",
@@ -61,10 +60,10 @@ class Trainer(BaseTrainer):
             num_samples(self.val_loader) if self.val_loader is not None else 0,
             len(self.data.class_names()),
             self.len_epoch,
-            batch_size * num_processes * accumulate,
-            batch_size,
-            num_processes,
-            accumulate,
+            geometry["global_batch"],
+            geometry["batch_size"],
+            geometry["world_size"],
+            geometry["grad_accum_steps"],
             self.device,
         )
         if self.rank == 0:  # the data of all ranks together: logged once
@@ -79,6 +78,8 @@ class Trainer(BaseTrainer):
         dataset = self.train_loader.dataset
         with torch.random.fork_rng(devices=[]):
             images = torch.stack([dataset[index][0] for index in range(min(32, len(dataset)))])
+        if images.dim() != 4 or images.shape[1] != len(self.data.mean):
+            return  # not images (B, C, H, W): e.g. vectors of features
         mean = torch.tensor(self.data.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.data.std).view(1, -1, 1, 1)
         grid = torchvision.utils.make_grid((images * std + mean).clamp(0, 1), nrow=8)
