@@ -1,14 +1,13 @@
 """Every key of config.json, declared once: type, default, check and a one-line doc.
 
 Each section of the config is a dataclass (torchtitan's JobConfig is the model), each key one
-field made by `key(default, check, doc)`. utils/load_config.py fills in defaults and checks values by
+field made by `key(default, check, doc)`. utils/config/load_config.py fills in defaults and checks values by
 walking these fields; docs/config.md's tables are generated from them. So adding a trainer option
-is adding one field to TrainerConfig, then `python config_schema.py docs/config.md` to update the
+is adding one field to TrainerConfig (utils/config/trainer_schema.py, the longest section), then `python config_schema.py docs/config.md` to update the
 docs (tests/test_docs.py fails until you do). At run time the config stays a plain dict
-(config["trainer"]["epochs"]); checks across several keys live in utils/load_config.py.
+(config["trainer"]["epochs"]); checks across several keys live in utils/config/load_config.py.
 """
 
-import copy
 import dataclasses
 import inspect
 import json
@@ -17,56 +16,33 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
-from utils.config_checks import (
-    AMP,
+from utils.config.config_checks import (
     BACKEND,
     BOOL,
     CLASS_WEIGHTS,
-    COMPILE_MODE,
     DEVICE,
     FOLDS,
     INTERVAL,
-    LOGGERS,
     NAME,
     NON_NEGATIVE_INT,
     NON_NEGATIVE_NUMBER,
-    NONFINITE,
+    OPTIONAL,
     PARAM_GROUPS,
     POSITIVE_INT,
     POSITIVE_NUMBER,
     PREFIX_LIST,
     PROBABILITY,
+    REQUIRED,
     SAMPLER,
     SMOOTHING,
     STRING,
     STRING_LIST,
     VALIDATION_SPLIT,
-    VERBOSITY,
-    WANDB_MODE,
-    Check,
+    Marker,
+    key,
     optional,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Marker:
-    """A default that is not a value; `label` is how the docs show it."""
-
-    label: str
-
-
-REQUIRED = Marker("required")  # the key must be given
-OPTIONAL = Marker("not set")  # the key may be left out, and nothing is filled in for it
-
-
-def key(default: Any, check: Check | None, doc: str) -> Any:
-    """One config key. check None: an object, checked by its own dataclass or not at all (args)."""
-    metadata = {"default": default, "check": check, "doc": doc}
-    if default is REQUIRED:
-        return dataclasses.field(metadata=metadata)
-    if isinstance(default, dict | list):  # a fresh copy for each instance
-        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
-    return dataclasses.field(default=None if default is OPTIONAL else default, metadata=metadata)
+from utils.config.trainer_schema import TrainerConfig
 
 
 # kw_only: a required key may follow keys with defaults. A field's order is its row in the docs.
@@ -186,100 +162,6 @@ class SchedulerSection(Section):
     warmup_start_factor: float = key(
         0.01, PROBABILITY, "warmup starts at this fraction of the learning rate (in (0, 1])"
     )
-
-
-@dataclasses.dataclass(kw_only=True)
-class TrainerConfig:
-    """trainer: the training loop."""
-
-    epochs: int = key(REQUIRED, POSITIVE_INT, "number of epochs (> 0)")
-    save_dir: str = key("saved/", STRING, "root of all outputs (relative to the working directory)")
-    save_period: int = key(
-        1, POSITIVE_INT, "save `checkpoint-epoch<N>.pth` every N epochs, and the last"
-    )
-    verbosity: int = key(1, VERBOSITY, "`0`: warnings only, no progress bar; `1`: info; `2`: debug")
-    monitor: str = key(
-        "off",
-        STRING,
-        '`"min|max <split>/<metric>"` or `"off"`: best model and early stopping',
-    )
-    early_stop: int | None = key(
-        0, optional(NON_NEGATIVE_INT), "stop after N epochs without improvement; `0`/`null`: never"
-    )
-    loggers: list[str] = key(
-        ["tensorboard"], LOGGERS, "where metrics go: any of `tensorboard`, `csv`, `wandb`, `mlflow`"
-    )
-    tensorboard: bool = key(
-        True, BOOL, "`false`: no TensorBoard even when `loggers` names it (the older switch)"
-    )
-    wandb_project: str | None = key(
-        None, optional(STRING), "the W&B project; `null`: the config's `name`"
-    )
-    wandb_mode: str | None = key(
-        None,
-        WANDB_MODE,
-        '`"online"` or `"offline"`; `null`: W&B default (`WANDB_MODE`, else online)',
-    )
-    mlflow_tracking_uri: str | None = key(
-        None,
-        optional(STRING),
-        "MLflow tracking URI; `null`: `sqlite:///<save_dir>/log/<name>/mlflow.db`",
-    )
-    len_epoch: int | None = key(
-        None, optional(POSITIVE_INT), "batches per epoch; `null`: one pass over the data"
-    )
-    log_step: int = key(
-        10, POSITIVE_INT, "batches between reads of the running loss: the loop's only host sync"
-    )
-    keep_last: int | None = key(
-        None,
-        optional(POSITIVE_INT),
-        "keep the newest N checkpoints (and the best); `null`: all",
-    )
-    deterministic: bool = key(False, BOOL, "fail on kernels without a deterministic implementation")
-    nonfinite: str = key(
-        "stop", NONFINITE, 'a NaN/inf loss: `"stop"` with an error or `"skip"` its batch'
-    )
-    max_skipped_steps: int = key(
-        10, NON_NEGATIVE_INT, 'with `"skip"`: stop after more than this many skipped batches'
-    )
-    auto_resume: bool = key(
-        False, BOOL, "continue from the newest checkpoint of an existing run folder"
-    )
-    amp: str | None = key(
-        None, AMP, '`"bf16"` or `"fp16"` autocast (fp16 adds a GradScaler); `null`: off'
-    )
-    channels_last: bool = key(False, BOOL, "NHWC memory format for the model and inputs")
-    compile: bool = key(False, BOOL, "`torch.compile` the model; checkpoints hold the plain model")
-    compile_mode: str = key("default", COMPILE_MODE, "the `mode` of `torch.compile`")
-    grad_accum_steps: int = key(
-        1, POSITIVE_INT, "accumulate gradients over this many batches per optimizer step"
-    )
-    grad_clip: float | None = key(
-        None, optional(POSITIVE_NUMBER), "clip the global gradient norm to this; `null`: off"
-    )
-    cudnn_benchmark: bool = key(
-        False, BOOL, "`torch.backends.cudnn.benchmark` (CUDA; not with `deterministic`)"
-    )
-    tf32: bool | None = key(
-        None, optional(BOOL), "TF32 matmuls and convolutions on CUDA; `null`: torch's defaults"
-    )
-    ema_decay: float | None = key(
-        None,
-        optional(PROBABILITY),
-        "keep an exponential moving average of the weights with this decay; `null`: off",
-    )
-    ema_period: int = key(1, POSITIVE_INT, "optimizer steps between two updates of the average")
-    ema_warmup_reset: bool = key(
-        False, BOOL, "restart the average at every update inside the warmup (torchvision's recipe)"
-    )
-    save_top_k: int = key(
-        0, NON_NEGATIVE_INT, "also keep the k best epochs as `model_best-epoch<N>.pth`"
-    )
-    type: str = key(
-        "Trainer", STRING, "the trainer class: a name in the `trainer` package's `__all__`"
-    )
-    args: dict[str, Any] = key({}, None, "keyword arguments for that class's constructor")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -98,7 +98,7 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     import numpy as np
     import torch
 
-    from utils.inference import input_transform, load_inference_model, weights_note
+    from build import input_transform, load_inference_model, weights_note
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     print(f"{args.resume}: {weights_note(state)}")

@@ -2,7 +2,7 @@
 
 Parsing is pure: nothing here creates folders, configures logging or seeds RNGs.
 Every user mistake raises ConfigError with the file and the key path in its message.
-The keys are declared in config_schema.py; utils/load_config.py reads, overrides and checks them.
+The keys are declared in config_schema.py; utils/config/load_config.py reads, overrides and checks them.
 """
 
 import argparse
@@ -17,8 +17,8 @@ from types import ModuleType
 from typing import Any
 
 from utils import ConfigValueError
-from utils.config_checks import NAME
-from utils.load_config import (
+from utils.config.config_checks import NAME
+from utils.config.load_config import (
     ConfigError,
     apply_override,
     load_json,

@@ -43,8 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from utils import UserError
-    from utils.checkpoint import write_text_atomic
-    from utils.device import gpu_indices
+    from utils.distributed.device import gpu_indices
+    from utils.state.checkpoint import write_text_atomic
 
     try:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
@@ -124,11 +124,11 @@ def predict(args: argparse.Namespace, paths: list[Path]) -> list[dict]:
     from tqdm import tqdm
 
     from base.base_data_loader import DataError
+    from build import input_transform, load_inference_model, weights_note
     from data_loader.data_loaders import load_image
     from utils import UserError, amp_dtype
-    from utils.batches import to_device
-    from utils.device import capabilities, select_device
-    from utils.inference import input_transform, load_inference_model, weights_note
+    from utils.data.batches import to_device
+    from utils.distributed.device import capabilities, select_device
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     print(f"{args.resume}: {weights_note(state)}", file=sys.stderr)  # stdout: the predictions

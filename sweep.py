@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported in main(), after parsing, so that --help answers at once
-    from utils.sweep_plan import Sweep
-    from utils.sweep_space import Trial
+    from sweeps.plan import Sweep
+    from sweeps.space import Trial
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,8 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from logger import setup_logging
+    from sweeps.plan import plan
     from utils import UserError
-    from utils.sweep_plan import plan
 
     setup_logging(None)  # the console; the sweep's info.log once its folder exists
     try:
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace, sweep: "Sweep") -> int:
     """Write the job array; or run the trials not done yet, K at once, and the summary.
     Returns 1 if a trial failed, 128 + the signal that stopped the sweep, else 0."""
     from logger import setup_logging
-    from utils.sweep_results import check_definition, locked
+    from sweeps.results import check_definition, locked
 
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
     check_definition(sweep.sweep_dir, sweep.definition, sweep.num_trials)
@@ -89,8 +89,8 @@ def run(args: argparse.Namespace, sweep: "Sweep") -> int:
 
 def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
     """The trials not finished (or pruned) yet, K at once, each recorded as it ends."""
-    from utils.sweep_optuna import OptunaTrials
-    from utils.sweep_results import (
+    from sweeps.optuna_search import OptunaTrials
+    from sweeps.results import (
         DONE,
         best_value,
         last_error,
@@ -98,7 +98,7 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
         record_path,
         write_record,
     )
-    from utils.sweep_runner import run_trials
+    from sweeps.runner import run_trials
 
     logger, folder = logging.getLogger("sweep"), sweep.sweep_dir
     parallel = 1 if args.trial is not None else args.parallel or 1
@@ -157,10 +157,10 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
 class TrialStarter:
     """Starts a trial: `python train.py -c CONFIG --set ... --run-id trial-NNN` with the
     environment of its slot (its GPU, its share of the CPU threads). A process of its own, not
-    train.main in this one: see utils/sweep_runner.py."""
+    train.main in this one: see sweeps/runner.py."""
 
     def __init__(self, args: argparse.Namespace, sweep: "Sweep", parallel: int) -> None:
-        from utils.sweep_runner import visible_gpus
+        from sweeps.runner import visible_gpus
 
         self.args, self.sweep, self.parallel = args, sweep, parallel
         self.requeue_file = Path(args.requeue_file) if args.requeue_file else None
@@ -169,14 +169,14 @@ class TrialStarter:
         self.gpus = [] if args.trial is not None else visible_gpus(device, n_gpu, os.environ)
 
     def start(self, trial: "Trial", slot: int) -> tuple[subprocess.Popen, Path]:
-        from utils.sweep_results import record_path
-        from utils.sweep_runner import (
+        from sweeps.results import record_path
+        from sweeps.runner import (
             TRAIN_SCRIPT,
             available_cpus,
             start_process,
             trial_environment,
         )
-        from utils.sweep_space import describe_values, set_flags
+        from sweeps.space import describe_values, set_flags
 
         values = {**trial.values, **self.sweep.sweep_values}
         sets = [item for text in self.args.set for item in ("--set", text)]
@@ -208,7 +208,7 @@ class TrialStarter:
 
 def summarize_sweep(sweep: "Sweep", trials: list["Trial"]) -> None:
     """sweep_summary.csv and .json, and the best trials in the log."""
-    from utils.sweep_results import locked, summarize, top_rows, write_summary
+    from sweeps.results import locked, summarize, top_rows, write_summary
 
     # Array tasks end at the same time: the last to take the lock sees every record.
     with locked(sweep.sweep_dir / ".summary.lock", wait=True):
@@ -223,7 +223,7 @@ def summarize_sweep(sweep: "Sweep", trials: list["Trial"]) -> None:
 
 def write_sweep_file(args: argparse.Namespace, sweep: "Sweep", trials: list["Trial"]) -> None:
     """sweep.json: the definition, and each trial with its values and run folder."""
-    from utils.sweep_results import write_json
+    from sweeps.results import write_json
 
     listed = [
         {"trial": trial.name, "values": trial.values, "run_dir": str(sweep.run_dir(trial))}
@@ -245,8 +245,8 @@ def write_sweep_file(args: argparse.Namespace, sweep: "Sweep", trials: list["Tri
 
 def write_job(args: argparse.Namespace, sweep: "Sweep") -> int:
     """--slurm: sweep.json and sweep.sbatch in the sweep folder; with --submit, sbatch it."""
-    from utils.checkpoint import write_text_atomic
-    from utils.sweep_slurm import job_script, submit
+    from sweeps.slurm import job_script, submit
+    from utils.state.checkpoint import write_text_atomic
 
     write_sweep_file(args, sweep, sweep.trials)
     # The command that defines the sweep, plus --trial I in each array task.

@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from parse_config import ConfigParser
     from utils import UserError
-    from utils.checkpoint import write_text_atomic
-    from utils.device import gpu_indices
+    from utils.distributed.device import gpu_indices
+    from utils.state.checkpoint import write_text_atomic
 
     try:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
@@ -92,16 +92,20 @@ def evaluate_checkpoint(
 ) -> tuple[dict, "Image.Image | None", int]:
     """The results (as --json writes them), for classifiers the confusion matrix drawn, and the
     checkpoint's global step."""
+    from build import build_trainer, weights_note
     from logger import setup_logging
-    from utils import UserError, load_checkpoint, seed_everything
-    from utils.build import build_trainer
-    from utils.checkpoint import CheckpointError, load_model_state, use_averaged_weights
-    from utils.confusion import ConfusionMatrix, confusion_results, draw_confusion_matrix
-    from utils.device import run_device, use_device
-    from utils.distributed import ProcessInfo
-    from utils.inference import weights_note
-    from utils.resume import data_change
-    from utils.timeline import choose
+    from utils import UserError, seed_everything
+    from utils.distributed.device import run_device, use_device
+    from utils.distributed.process_group import ProcessInfo
+    from utils.evaluation.confusion import ConfusionMatrix, confusion_results, draw_confusion_matrix
+    from utils.state.checkpoint import (
+        CheckpointError,
+        load_checkpoint,
+        load_model_state,
+        use_averaged_weights,
+    )
+    from utils.state.resume import data_change
+    from utils.state.timeline import choose
 
     setup_logging(None, verbosity=1)
     logger = logging.getLogger("test")
@@ -171,7 +175,7 @@ def log_to_tensorboard(config: "ConfigParser", tag: str, image: "Image.Image", s
     """Add the image to the run's TensorBoard logs, when the run keeps them (and they are
     writable: a read-only copy of a run is evaluated all the same)."""
     from logger import TensorboardLogger, selected_loggers
-    from utils.confusion import image_tensor
+    from utils.evaluation.confusion import image_tensor
 
     keeps_logs = config.log_dir.is_dir() and os.access(config.log_dir, os.W_OK)
     if "tensorboard" in selected_loggers(config["trainer"]) and keeps_logs:

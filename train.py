@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # imported in main(), after parsing, so that --help answers a
     import torch
 
     from parse_config import ConfigParser
-    from utils.distributed import ProcessInfo
+    from utils.distributed.process_group import ProcessInfo
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from parse_config import ConfigParser
     from utils import UserError
-    from utils.device import gpu_indices
-    from utils.run_folder import request_requeue
+    from utils.distributed.device import gpu_indices
+    from utils.state.run_folder import request_requeue
     from utils.util import Interrupted, TrainingError
 
     try:
@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(config: "ConfigParser") -> None:
     from logger import setup_logging
-    from utils.device import run_device, use_device
-    from utils.distributed import barrier, process_group, process_info
-    from utils.folds import cross_validate
+    from utils.distributed.device import run_device, use_device
+    from utils.distributed.process_group import barrier, process_group, process_info
+    from utils.state.folds import SUMMARY, cross_validate, summary_lines
 
     info = process_info()  # rank 0 of 1 without torchrun
     setup_logging(None, verbosity=config["trainer"]["verbosity"], rank=info.rank)
@@ -84,19 +84,22 @@ def run(config: "ConfigParser") -> None:
     with process_group(info, distributed["backend"], device, distributed["timeout"]):
         if config.num_folds is None:
             train(config, info, device)
-        else:
-            cross_validate(config, info, device, train)
+        elif (summary := cross_validate(config, info, device, train)) is not None:
+            # The summary belongs to the whole run: its own log folder, above the folds'.
+            setup_logging(config.run_log_dir, verbosity=config["trainer"]["verbosity"])
+            for line in [*summary_lines(summary), f"Saved {config.run_checkpoint_dir / SUMMARY}"]:
+                logging.getLogger("train").info("%s", line)
         # Leave together: a rank that tears down its process group while another still runs
         # its last collective can abort. Only on success: after an error the others may not.
         barrier()
 
 
 def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -> None:
+    from build import build_trainer
     from logger import setup_logging
     from utils import configure_torch, seed_everything
-    from utils.build import build_trainer
-    from utils.distributed import broadcast_object, on_rank0
-    from utils.run_folder import default_run_id, find_resume_point, prepare_run_folder
+    from utils.distributed.process_group import broadcast_object, on_rank0
+    from utils.state.run_folder import default_run_id, find_resume_point, prepare_run_folder
 
     verbosity = config["trainer"]["verbosity"]
     # Console only until every check has passed: a bad input must not leave a run folder behind.

@@ -3,8 +3,8 @@
 from base.base_data_loader import BaseDataLoader, TransformedDataset
 from base.base_model import BaseModel
 from base.base_trainer import BaseTrainer
-from utils.metric_sums import StepOutput
-from utils.sampler import EpochSampler
+from utils.data.sampler import EpochSampler
+from utils.evaluation.metric_sums import StepOutput
 
 __all__ = [
     "BaseDataLoader",

@@ -6,45 +6,17 @@ samplers, the loaders, and the checks and summary of the data before training.
 """
 
 import abc
-import hashlib
-import os
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from utils import ConfigValueError, UserError
-from utils.sampler import EpochSampler
-
-# data_loader.args.sampler: how each epoch draws the training data.
-SAMPLERS = ("random", "sequential", "subset_random", "weighted")
-
-
-class DataError(UserError):
-    """Data that is missing, empty or unusable."""
-
-    def __init__(self, message: str) -> None:
-        # Raised in a DataLoader worker (an unreadable image), it is re-raised in the main
-        # process with the worker's whole traceback as its message: keep the line it raised.
-        if message.startswith("Caught DataError in DataLoader worker"):
-            message = message.rstrip().splitlines()[-1].partition("DataError: ")[2]
-        super().__init__(message)
-
-
-class TransformedDataset(Dataset):
-    """A view of `dataset` with `transform` applied to each image; shares the underlying data."""
-
-    def __init__(self, dataset: Dataset, transform: Callable) -> None:
-        self.dataset = dataset
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = self.dataset[index]
-        return self.transform(image), label
+from utils.config.config_checks import SAMPLERS
+from utils.data import splits as data_splits
+from utils.data.batches import Loader
+from utils.data.sampler import EpochSampler, TransformedDataset
+from utils.util import ConfigValueError, DataError
 
 
 class BaseDataLoader(abc.ABC):
@@ -162,9 +134,7 @@ class BaseDataLoader(abc.ABC):
                 f"data_loader.args.validation_split: {self.validation_split} leaves no training "
                 f"samples out of {num_samples}"
             )
-        # A dedicated generator: the split is the same on every rank and in test.py.
-        order = np.random.default_rng([self.seed, 0x5EED]).permutation(num_samples)
-        return np.sort(order[num_val:]), np.sort(order[:num_val])
+        return data_splits.holdout_split(num_samples, num_val, self.seed)
 
     def fold_indices(self) -> tuple[np.ndarray, np.ndarray]:
         """(train, validation) indices of fold `fold` of `folds`.
@@ -184,12 +154,7 @@ class BaseDataLoader(abc.ABC):
                 f"data_loader.args.folds: {self.folds} folds need at least {self.folds} training "
                 f"samples; {self.location('train')} has {len(labels)}"
             )
-        # A dedicated generator, as for validation_split: the same folds on every rank and in
-        # test.py. The stable sort keeps the seeded order within each class.
-        shuffled = np.random.default_rng([self.seed, 0xF01D]).permutation(len(labels))
-        dealt = shuffled[np.argsort(labels[shuffled], kind="stable")]
-        validation = np.sort(dealt[self.fold :: self.folds])
-        return np.setdiff1d(dealt, validation), validation
+        return data_splits.stratified_fold(labels, self.folds, self.fold, self.seed)
 
     def validation_source(self) -> tuple[str, np.ndarray] | None:
         """(split, indices into it) of the validation data, or None when there is none."""
@@ -204,52 +169,31 @@ class BaseDataLoader(abc.ABC):
         names (relative to its root, with their labels), else its labels when the dataset has
         `targets`, else None (then its size and the split's indices alone). Override it for data
         whose files can change under the same count."""
-        dataset = self.dataset(split)
-        samples = getattr(dataset, "samples", None)
-        if samples is not None:
-            root = str(getattr(dataset, "root", ""))
-            return [
-                f"{os.path.relpath(path, root) if root else path}\0{label}"
-                for path, label in samples
-            ]
-        targets = getattr(dataset, "targets", None)
-        return None if targets is None else [str(int(label)) for label in targets]
+        return data_splits.sample_ids(self.dataset(split))
 
     def fingerprint(self) -> dict:
         """A cheap identity of the training and validation data: per split, its number of samples
         and a digest of which samples it holds (their indices and sample_ids). A checkpoint keeps
-        it; a resume, or test.py --split val, on other data is refused (utils/resume.py)."""
-        train, _ = self.split_indices()
-        source = self.validation_source()
-
-        def digest(split: str, indices: np.ndarray) -> dict:
-            hashed = hashlib.sha256(f"{split} {len(self.dataset(split))}\n".encode())
-            hashed.update(np.ascontiguousarray(indices, dtype=np.int64).tobytes())
+        it; a resume, or test.py --split val, on other data is refused (utils/state/resume.py)."""
+        digests = {}
+        for name, source in (
+            ("train", ("train", self.split_indices()[0])),
+            ("val", self.validation_source()),
+        ):
+            if source is None:
+                digests[name] = None
+                continue
+            split, indices = source
             ids = self.sample_ids(split)
-            if ids is not None:
-                hashed.update("\n".join(ids[index] for index in indices).encode())
-            return {"num_samples": len(indices), "digest": hashed.hexdigest()[:32]}
-
-        return {"train": digest("train", train), "val": None if source is None else digest(*source)}
+            digests[name] = data_splits.split_digest(split, len(self.dataset(split)), indices, ids)
+        return digests
 
     def sampling_weights(self, indices: np.ndarray) -> np.ndarray:
-        """Weight of one sample of each class for the weighted sampler: class_weights, else the
-        inverse of the class's count among `indices`, so that every class is drawn equally often."""
-        num_classes = len(self.class_names())
-        counts = np.bincount(self.labels("train")[indices], minlength=num_classes)
-        if self.class_weights is None:
-            weights = np.zeros(len(counts))
-            np.divide(1.0, counts, out=weights, where=counts > 0)
-        elif len(self.class_weights) != len(counts):
-            raise DataError(
-                f"data_loader.args.class_weights: {len(self.class_weights)} weights, but "
-                f"{self.location('train')} has {len(counts)} classes"
-            )
-        else:
-            weights = np.asarray(self.class_weights, dtype=np.float64)
-        if not np.any(weights * counts > 0):
-            raise DataError("data_loader.args.class_weights: every training sample has weight 0")
-        return weights
+        """Weight of one sample of each class for the weighted sampler (utils/data/splits.py)."""
+        labels = self.labels("train")[indices]
+        return data_splits.class_weights(
+            labels, len(self.class_names()), self.class_weights, self.location("train")
+        )
 
     def train_sampler(self) -> EpochSampler:
         """The training sampler of this rank: `sampler` over the training indices."""
@@ -275,19 +219,19 @@ class BaseDataLoader(abc.ABC):
         other pairs, e.g. (noisy image, clean image) for denoising."""
         return TransformedDataset(self.dataset(split), self.transform(augment))
 
-    def train_loader(self, *, drop_last: bool = False) -> DataLoader:
+    def train_loader(self, *, drop_last: bool = False) -> Loader:
         """The training loader of this rank. drop_last: leave out the short last batch of each
         pass (every batch then has batch_size samples), unless that leaves no batch at all."""
         sampler = self.train_sampler()
         drop_last = drop_last and len(sampler) >= self.batch_size
         return self.loader("train", sampler, augment=True, drop_last=drop_last)
 
-    def val_loader(self) -> DataLoader | None:
+    def val_loader(self) -> Loader | None:
         """The validation loader, or None when there is no validation data."""
         source = self.validation_source()
         return None if source is None else self._eval_loader(*source)
 
-    def eval_loader(self, split: str) -> DataLoader:
+    def eval_loader(self, split: str) -> Loader:
         """Every sample of `split` exactly once, without augmentation ("val" means the validation set)."""
         source = self.validation_source() if split == "val" else None
         if source is not None:
@@ -296,7 +240,7 @@ class BaseDataLoader(abc.ABC):
             raise DataError(f"this data has no {split!r} split (it has: {', '.join(self.splits)})")
         return self._eval_loader(split, np.arange(len(self.dataset(split))))
 
-    def _eval_loader(self, split: str, indices: np.ndarray) -> DataLoader:
+    def _eval_loader(self, split: str, indices: np.ndarray) -> Loader:
         sampler = EpochSampler(
             indices, shuffle=False, seed=self.seed, num_replicas=self.num_replicas, rank=self.rank
         )
@@ -304,10 +248,10 @@ class BaseDataLoader(abc.ABC):
 
     def loader(
         self, split: str, sampler: EpochSampler, *, augment: bool, drop_last: bool = False
-    ) -> DataLoader:
+    ) -> Loader:
         """The batches of `split` in `sampler`'s order, for train_loader and the evaluation loaders.
-        Another input pipeline overrides it (ImageDataLoader's "device" pipeline): the engine
-        needs .sampler, .batch_size, .dataset, len() and iteration."""
+        Another input pipeline overrides it (ImageDataLoader's "device" pipeline) with any
+        utils.data.batches.Loader: what the engine reads of a loader."""
         return self.data_loader(self.view(split, augment), sampler, drop_last=drop_last)
 
     def data_loader(

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from utils import ConfigValueError
+from utils.optim.optimizer import name_prefixes, under_prefix
 
 
 class BaseModel(nn.Module, abc.ABC):
@@ -54,14 +55,3 @@ class BaseModel(nn.Module, abc.ABC):
 
     def __str__(self) -> str:
         return f"{super().__str__()}\nTrainable parameters: {self.num_trainable_parameters():,}"
-
-
-def under_prefix(name: str, prefix: str) -> bool:
-    """Whether parameter `name` is `prefix` or lies under it, by whole name parts:
-    "network.layer1" covers "network.layer1.0.conv1.weight", not "network.layer10..."."""
-    return name == prefix or name.startswith(prefix + ".")
-
-
-def name_prefixes(module: nn.Module) -> list[str]:
-    """The first two parts of the parameter names (e.g. network.layer1), for error messages."""
-    return sorted({".".join(name.split(".")[:2]) for name, _ in module.named_parameters()})

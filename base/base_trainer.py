@@ -21,30 +21,30 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from base.base_data_loader import BaseDataLoader
+from base.evaluation import evaluate, validate
+from base.intervals import log_interval, skip_step
 from logger import Loggers, check_logger_packages, open_loggers
-from utils import amp_dtype, derive_seed, seed_everything, set_rng_state, unwrap_model
-from utils.averaging import new_average, update_average
-from utils.batches import (
+from utils import amp_dtype, derive_seed, seed_everything, unwrap_model
+from utils.data.batches import (
     all_finite,
+    batch_geometry,
     check_loaders,
     epoch_batches,
-    global_batch,
     lr_scale,
-    remaining_batches,
     to_device,
 )
-from utils.checkpoint import checkpoint_name
-from utils.confusion import ConfusionMatrix
-from utils.distributed import all_reduce_max, is_distributed, sync_buffers, world_size
-from utils.metric_sums import MetricFn, MetricSums, StepOutput
-from utils.monitor import Monitor
-from utils.resume import restore
-from utils.schedule import build_scheduler, schedule_length, schedule_signature, step_scheduler
-from utils.signals import StopRequest
-from utils.timeline import ResumePoint
+from utils.distributed.process_group import all_reduce_max, is_distributed, world_size
+from utils.evaluation.confusion import ConfusionMatrix
+from utils.evaluation.metric_sums import MetricFn, MetricSums, StepOutput
+from utils.evaluation.monitor import Monitor
+from utils.optim.averaging import new_average, update_if_due
+from utils.optim.schedule import build_scheduler, schedule_signature, step_scheduler, warmup_steps
+from utils.state.resume import epoch_start, restore, restore_rng
+from utils.state.signals import StopRequest
+from utils.state.timeline import ResumePoint
+from utils.state.training_state import TrainingState, save_epoch_end, save_inside_epoch
 from utils.timing import DataWait, Stopwatch
-from utils.training_state import TrainingState, checkpoint_state, parameter_names, save
-from utils.util import Interrupted, StopInEpoch, TrainingError
+from utils.util import Interrupted, StopInEpoch
 
 
 class BaseTrainer(abc.ABC):
@@ -101,17 +101,9 @@ class BaseTrainer(abc.ABC):
                 config, optimizer, self.steps_per_epoch, lr_scale=self.lr_scale, logger=self.logger
             )
             self.schedule_signature = schedule_signature(config, optimizer, self.steps_per_epoch)
-            if schedule is not None:  # the warmup, in optimizer steps
-                warmup = schedule_length(config, self.steps_per_epoch)[1]
-                self.warmup_steps = warmup * (1 if self.step_per_batch else self.steps_per_epoch)
+            self.warmup_steps = warmup_steps(config, self.steps_per_epoch)
             # What a mid-epoch position and the learning rates are counted in.
-            self.geometry = {
-                "batch_size": self.train_loader.batch_size,
-                "world_size": world_size(),
-                "grad_accum_steps": options["grad_accum_steps"],
-                "len_epoch": options["len_epoch"],
-                "global_batch": global_batch(config, world_size()),
-            }
+            self.geometry = batch_geometry(config, self.train_loader)
             # What a resume checks it continues on (the data behind every split).
             self.data_fingerprint = data.fingerprint()
             if options["ema_decay"] is not None:
@@ -133,9 +125,6 @@ class BaseTrainer(abc.ABC):
         """Optimizer steps taken so far: the x-axis of every logged curve."""
         return self.state.global_step
 
-    def parameter_names(self) -> list[list[str]]:
-        return parameter_names(self.model, self.optimizer)
-
     @abc.abstractmethod
     def training_step(self, batch: Any) -> StepOutput:
         """The loss of one batch (already on the device, inside autocast) and what the metrics
@@ -149,7 +138,7 @@ class BaseTrainer(abc.ABC):
         """Called once before the first epoch, after the loggers are open (data, sizes, images)."""
 
     def resume(self, point: ResumePoint | Path) -> None:
-        """Start at a checkpoint (utils/resume.py decides what of it this run can take)."""
+        """Start at a checkpoint (utils/state/resume.py decides what of it this run can take)."""
         if isinstance(point, Path):
             point = ResumePoint(point, self.state.timeline)
         restore(self, point)
@@ -191,11 +180,7 @@ class BaseTrainer(abc.ABC):
         try:
             metrics = self.train_epoch(epoch)
         except StopInEpoch as stop:
-            # Where the epoch stands: the next run goes on from there, in any batch geometry.
-            state = self.state
-            state.batches, state.samples, state.epoch_sums = stop.batches, stop.samples, stop.sums
-            path = self.checkpoint_dir / checkpoint_name(epoch, state.global_step)
-            save(self, checkpoint_state(self, {}), path)
+            path = save_inside_epoch(self, epoch, stop)  # the next run goes on from there
             raise Interrupted(self.stop.signum or signal.SIGTERM, path) from None
         train_seconds = stopwatch.stop()
         metrics.update(self.validate())
@@ -213,22 +198,18 @@ class BaseTrainer(abc.ABC):
         summary = "  ".join(f"{key} {value:.4g}" for key, value in metrics.items())
         best = "  *best*" if improved else ""
         self.logger.info("epoch %d/%d  %s%s", epoch, self.epochs, summary, best)
-        self.state.epoch = epoch
-        state = checkpoint_state(self, metrics)
         # A signal that came during validation: every rank must agree to stop here. The agreed
         # value decides, not self.stop.signum: a signal that lands just after the agreement
         # reaches one rank first, which alone would then stop. It stays pending instead.
         agreed = int(all_reduce_max(torch.tensor(self.stop.signum or 0, device=self.device)))
-        # The last epoch (also an early-stopped or interrupted one) is always saved.
-        last = epoch == self.epochs or self.monitor.should_stop or agreed
         if self.confusion is not None and (epoch == self.epochs or self.monitor.should_stop):
             counts = self.confusion.all_ranks()  # the run's final validation; a collective
             if self.confusion.complete:
                 self.loggers.log_confusion_matrix(counts, self.data.class_names(), self.global_step)
-        path = self.checkpoint_dir / checkpoint_name(epoch)
-        periodic = epoch % self.options["save_period"] == 0 or last
-        save(self, state, path if periodic else None, improved=improved, in_top_k=in_top_k,
-             dropped=tuple(dropped))  # fmt: skip
+        # The last epoch (also an early-stopped or interrupted one) is always saved.
+        last = epoch == self.epochs or self.monitor.should_stop or bool(agreed)
+        path = save_epoch_end(self, epoch, metrics, last=last, improved=improved,
+                              in_top_k=in_top_k, dropped=dropped)  # fmt: skip
         if agreed and epoch < self.epochs:
             raise Interrupted(agreed, path)
         return metrics
@@ -236,27 +217,21 @@ class BaseTrainer(abc.ABC):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """training_step over len_epoch batches, an optimizer step per accumulation group."""
         self.model.train()
-        accumulate, position = self.options["grad_accum_steps"], self.state
-        # Where a mid-epoch checkpoint left off: this run's batches done (and after another
-        # batch geometry, the samples done); the sums it saved are those of all ranks, which
-        # rank 0 adds back.
-        first_batch = position.batches
-        skip_samples = position.samples if position.regrouped else None
-        sums = MetricSums(
-            self.metric_fns, self.device, position.epoch_sums if self.rank == 0 else None
+        accumulate = self.options["grad_accum_steps"]
+        # Where a mid-epoch checkpoint left off (else the epoch's start), in this run's batches;
+        # the sums it saved are those of all ranks, which rank 0 adds back.
+        begin = epoch_start(self)
+        first_batch, last_step, skip_samples = (
+            begin.first_batch,
+            begin.last_step,
+            begin.skip_samples,
         )
-        last_step = self.len_epoch
-        if skip_samples is not None:
-            last_step = first_batch + remaining_batches(self.train_loader, skip_samples)
-        per_step = self.train_loader.batch_size * world_size()  # samples of all ranks a batch
-        done_before = first_batch * per_step if skip_samples is None else skip_samples
-        position.batches, position.samples, position.epoch_sums = 0, 0, None
-        position.regrouped = False
+        sums = MetricSums(self.metric_fns, self.device, begin.sums if self.rank == 0 else None)
         quiet = self.options["verbosity"] == 0 or self.rank != 0 or not sys.stderr.isatty()
         progress = tqdm(total=last_step, initial=first_batch, disable=quiet, leave=False)
         progress.set_description(f"epoch {epoch}/{self.epochs}")
         data_wait, stop_signum = DataWait(), 0
-        at_resume_point = functools.partial(self.restore_rng, epoch, first_batch)
+        at_resume_point = functools.partial(restore_rng, self, epoch, first_batch)
         ordered = epoch_batches(
             self.train_loader, epoch, first_batch, self.len_epoch, at_resume_point, skip_samples
         )
@@ -275,7 +250,7 @@ class BaseTrainer(abc.ABC):
                 with torch.autocast(self.device.type, self.amp_dtype, self.amp_dtype is not None):
                     result = self.training_step(batch)
                 if self.options["nonfinite"] == "skip" and not all_finite(result.loss):
-                    self.skip_step(epoch, step)
+                    skip_step(self, epoch, step)
                     continue
                 loss = result.loss if group_size == 1 else result.loss / group_size
                 self.scaler.scale(loss).backward()
@@ -283,7 +258,7 @@ class BaseTrainer(abc.ABC):
                 self.optimizer_step()
             sums.add(result, step)
             if step % self.options["log_step"] == 0 or step == last_step:
-                stop_signum = self.log_interval(epoch, step, sums, progress)
+                stop_signum = log_interval(self, epoch, step, sums, progress)
             # Stop after this step when asked (at the end of an accumulation group): at once in
             # a single process; under torchrun at the interval where the ranks agreed on it.
             if not is_distributed():
@@ -291,22 +266,10 @@ class BaseTrainer(abc.ABC):
             if stop_signum and ends_group and step < last_step:
                 self.stop.signum = stop_signum
                 progress.close()
-                # Counted in samples of the epoch's order only when an epoch is one pass.
-                samples = done_before + (step - first_batch) * per_step
-                samples = None if self.options["len_epoch"] else samples
-                raise StopInEpoch(step, samples, sums.state_dict())
+                raise StopInEpoch(step, begin.samples_at(step), sums.state_dict())
         progress.close()
         self.data_wait_seconds = data_wait.seconds
         return sums.result("train")
-
-    def restore_rng(self, epoch: int, first_batch: int) -> None:
-        """At the resume point inside an epoch: this rank's saved random numbers, or (another
-        world size) a new stream that is still a function of where the run stands."""
-        if self.state.rng is not None:
-            set_rng_state(self.state.rng, self.device)
-        else:
-            seed_everything(derive_seed(self.config["seed"], epoch, self.rank, first_batch))
-        self.state.rng = None
 
     def optimizer_step(self) -> None:
         """Clip, step (skipped by GradScaler when fp16 gradients overflowed), schedule."""
@@ -319,86 +282,14 @@ class BaseTrainer(abc.ABC):
         if self.step_per_batch:
             self.lr_scheduler.step()
         self.state.global_step += 1
-        step, period = self.state.global_step, self.options["ema_period"]
-        if self.ema is not None and step % period == 0:
-            # The first update copies the weights; with ema_warmup_reset so does every update
-            # that follows one inside the warmup (torchvision's recipe): the average starts
-            # from the warmed-up weights. A function of the step: a resume does the same.
-            restart = step == period or (
-                self.options["ema_warmup_reset"] and step - period <= self.warmup_steps
-            )
-            update_average(self.ema, unwrap_model(self.model), restart=restart)
+        if self.ema is not None:  # every ema_period steps
+            update_if_due(self.ema, unwrap_model(self.model), self.state.global_step,
+                          self.options, self.warmup_steps)  # fmt: skip
 
-    def log_interval(self, epoch: int, step: int, sums: MetricSums, progress: tqdm) -> int:
-        """The one host-device sync of the loop, every log_step steps: the running loss, and
-        the fault and stop flags agreed by every rank. Returns the agreed stop signal (0: none)."""
-        interval, first_fault, stop_signum = sums.read_interval(self.stop.signum or 0)
-        if first_fault:
-            raise TrainingError(
-                f"non-finite loss at epoch {epoch}, step {first_fault} "
-                '(trainer.nonfinite is "stop"); lower the learning rate, check the data, '
-                'or set trainer.nonfinite to "skip". Checkpoints saved so far are intact.'
-            )
-        interval_loss = interval[0] / interval[-1]
-        values = {"train/step_loss": interval_loss}
-        if self.step_per_batch:
-            values["train/lr"] = self.optimizer.param_groups[0]["lr"]
-        self.loggers.log_step(values, step=self.global_step, epoch=epoch, batch=step)
-        progress.set_postfix(loss=f"{interval_loss:.4f}")
-        progress.update(step - progress.n)
-        return stop_signum
-
-    def skip_step(self, epoch: int, step: int) -> None:
-        """Drop a batch whose loss is not finite, with the gradients its accumulation group
-        gathered so far; give up after max_skipped_steps of them."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.state.num_skipped_steps += 1
-        count, limit = self.state.num_skipped_steps, self.options["max_skipped_steps"]
-        self.logger.warning(
-            f"Skipped step {step} of epoch {epoch}: non-finite loss ({count} skipped so far)."
-        )
-        if count > limit:
-            raise TrainingError(
-                f"more than trainer.max_skipped_steps ({limit}) steps had a non-finite loss "
-                f"(last: epoch {epoch}, step {step}); lower the learning rate or check the data"
-            )
-
-    @torch.no_grad()
     def evaluate(self, loader: Any, prefix: str, observe: Any = None) -> dict[str, float]:
-        """validation_step over every sample of `loader` exactly once, summed over the ranks;
-        `observe(result)` sees each step's StepOutput (test.py counts per-class hits)."""
-        self.model.eval()
-        sums = MetricSums(self.metric_fns, self.device)
-        for batch in loader:
-            batch = to_device(batch, self.device, self.options["channels_last"])
-            with torch.autocast(self.device.type, self.amp_dtype, self.amp_dtype is not None):
-                result = self.validation_step(batch)
-            sums.add(result)
-            if observe is not None:
-                observe(result)
-        return sums.result(prefix)
+        """validation_step over every sample of `loader` exactly once (base/evaluation.py)."""
+        return evaluate(self, loader, prefix, observe)
 
     def validate(self) -> dict[str, float]:
-        if self.val_loader is None:
-            return {}
-        # Rank 0's BatchNorm statistics on every rank: the distributed validation then equals
-        # test.py evaluating rank 0's checkpoint in one process.
-        sync_buffers(unwrap_model(self.model))
-        # Classifiers (data with class names) count their confusion matrix on the device.
-        num_classes = len(self.data.class_names())
-        self.confusion = ConfusionMatrix(num_classes, self.device) if num_classes else None
-        observe = self.confusion.add if self.confusion is not None else None
-        metrics = self.evaluate(self.val_loader, "val", observe)
-        del metrics["val/num_samples"]  # the same every epoch: logged once at the start
-        if self.ema is not None:  # the averaged weights on the same data: val/ema_<metric>
-            sync_buffers(self.ema.module)
-            trained, self.model = self.model, self.ema.module  # what validation_step runs
-            try:
-                averaged = self.evaluate(self.val_loader, "val")
-            finally:
-                self.model = trained
-            del averaged["val/num_samples"]
-            metrics.update(
-                {key.replace("val/", "val/ema_"): value for key, value in averaged.items()}
-            )
-        return metrics
+        """The epoch's validation, of the trained and the averaged weights (base/evaluation.py)."""
+        return validate(self)

@@ -19,7 +19,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from base.base_data_loader import DataError
 from data_loader.device_pipeline import Normalise
 from utils import describe_error
-from utils.sampler import EpochSampler
+from utils.data.sampler import EpochSampler
 
 JPEG_START = b"\xff\xd8\xff"  # every JPEG file begins with these bytes (SOI, then a marker)
 

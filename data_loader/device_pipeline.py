@@ -15,7 +15,7 @@ from torch.nn import functional
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from utils.sampler import EpochSampler
+from utils.data.sampler import EpochSampler
 from utils.util import derive_seed
 
 PADDING = 4  # the CIFAR recipe's v2.RandomCrop(size, padding=4)

@@ -14,7 +14,8 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from base.base_data_loader import TransformedDataset
-from utils import describe_error, save_checkpoint
+from utils import describe_error
+from utils.state.checkpoint import save_checkpoint
 
 # Part of every fingerprint: a change to what the files hold (layout, dtype, resizing) bumps it.
 CACHE_VERSION = 1

@@ -13,9 +13,9 @@ from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.device_pipeline import DeviceBatches, Normalise
 from data_loader.image_cache import decode_split
-from data_loader.transforms import AUTO_AUGMENT, IMAGE_SIZES, PRESETS
+from data_loader.transforms import AUTO_AUGMENT, IMAGE_SIZES, preset_transform
 from utils import ConfigValueError, describe_error
-from utils.sampler import EpochSampler
+from utils.data.sampler import EpochSampler
 
 # data_loader.args.pipeline: per-sample transforms in DataLoader workers, or the split held on
 # the training device and augmented there a batch at a time (data_loader/device_pipeline.py).
@@ -119,8 +119,9 @@ class ImageDataLoader(BaseDataLoader):
                 )
 
     def transform(self, augment: bool) -> Callable:
-        size = self.image_size or IMAGE_SIZES[self.preset]
-        return PRESETS[self.preset](augment, image_size=size, **self.augmentation)
+        return preset_transform(
+            self.preset, augment, {"image_size": self.image_size, **self.augmentation}
+        )
 
     def size(self, augment: bool) -> int:
         """The side of the (square, for "cifar") images the model sees in training or evaluation."""

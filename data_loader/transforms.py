@@ -127,25 +127,31 @@ def batch_mixing(
     return mix if prob == 1 else v2.RandomApply([mix], p=prob)
 
 
+def preset_transform(preset: str, augment: bool, options: dict) -> Callable:
+    """The transform of `preset` for training (augment) or evaluation, with the data_loader.args
+    options it takes (image_size, eval_image_size, eval_resize_size, auto_augment,
+    random_erasing; unset ones keep the preset's defaults): what the loaders apply and what
+    predict.py and export.py rebuild without any data."""
+    if preset not in PRESETS:
+        raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    build = PRESETS[preset]
+    chosen = {
+        name: options[name]
+        for name in inspect.signature(build).parameters
+        if name != "augment" and options.get(name) is not None
+    }
+    chosen["image_size"] = chosen.get("image_size") or IMAGE_SIZES[preset]
+    return build(augment, **chosen)
+
+
 def evaluation_transform(loader_class: type, loader_args: dict) -> Callable:
     """The evaluation transform of data_loader.type `loader_class` with data_loader.args, built
     without reading any data (predict.py and export.py have only the checkpoint): the class's
-    `preset`, or args.preset (ImageFolderDataLoader), at args.image_size."""
+    `preset`, or args.preset (ImageFolderDataLoader)."""
     preset = loader_args.get("preset", getattr(loader_class, "preset", None))
     if preset is None:
         raise ConfigValueError(
             f"{loader_class.__name__} names no transform preset, so its inputs cannot be rebuilt "
             "from the config alone; set its class attribute `preset` (data_loader/transforms.py)"
         )
-    if preset not in PRESETS:
-        raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    build = PRESETS[preset]
-    # Every data_loader.args key the preset takes (image_size, and any size option a preset
-    # gains), so that the transform is the run's own and not the preset's defaults.
-    options = {
-        name: loader_args[name]
-        for name in inspect.signature(build).parameters
-        if name != "augment" and name in loader_args
-    }
-    options["image_size"] = options.get("image_size") or IMAGE_SIZES[preset]
-    return build(False, **options)
+    return preset_transform(preset, False, loader_args)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from logger.experiment_logger import ExperimentLogger
-from utils.checkpoint import write_text_atomic
+from utils.state.checkpoint import write_text_atomic
 
 Row = dict[str, str]
 

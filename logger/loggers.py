@@ -13,7 +13,7 @@ from logger.csv_logger import CsvLogger
 from logger.experiment_logger import ExperimentLogger, RunInfo
 from logger.tracking import MlflowLogger, WandbLogger
 from logger.visualization import TensorboardLogger
-from utils.confusion import draw_confusion_matrix, image_tensor
+from utils.evaluation.confusion import draw_confusion_matrix, image_tensor
 from utils.util import UserError, describe_error
 
 if TYPE_CHECKING:

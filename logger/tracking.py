@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from logger.experiment_logger import RunInfo, ScalarLogger, image_pixels
-from utils.checkpoint import write_text_atomic
+from utils.state.checkpoint import write_text_atomic
 
 MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch takes at most this many parameters
 MAX_PARAM_LENGTH = 500  # characters of a parameter value every MLflow version stores

@@ -27,7 +27,7 @@ from conftest import ROOT, shrink
 from ports import free_port
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from utils.checkpoint import TEMPORARY_NAME, sorted_checkpoints
+from utils.state.checkpoint import TEMPORARY_NAME, sorted_checkpoints
 
 pytestmark = pytest.mark.slow
 NUM_SCHEDULES = int(os.environ.get("CHAOS_SCHEDULES", "20"))

@@ -14,7 +14,7 @@ from conftest import ROOT
 import train
 from parse_config import ConfigError, ConfigParser
 from utils import ConfigValueError, UserError
-from utils.run_folder import find_resume_point
+from utils.state.run_folder import find_resume_point
 
 DELETE = object()  # marks a key to remove in a validation case
 

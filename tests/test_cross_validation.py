@@ -13,7 +13,7 @@ from conftest import ROOT, run_script, shrink
 import data_loader.data_loaders as data_module
 import train
 from parse_config import ConfigParser
-from utils.folds import SUMMARY, summarize_folds, summary_lines
+from utils.state.folds import SUMMARY, summarize_folds, summary_lines
 
 RUN = Path("models") / "Demo_CifarCNN"
 

@@ -1,4 +1,4 @@
-"""The config key `device` and what each kind of device supports (utils/device.py).
+"""The config key `device` and what each kind of device supports (utils/distributed/device.py).
 
 There is no GPU and no Mac here: CUDA and MPS are simulated by replacing torch's availability
 functions (torch.cuda.device_count, torch.backends.mps.is_available, ...), and the `meta` device
@@ -14,11 +14,12 @@ from conftest import ROOT, checkpoint_dirs, run_script, set_flags, shrink
 from torch.torch_version import TorchVersion
 
 import train
+from build import build_trainer
 from parse_config import ConfigParser
-from utils import UserError, configure_torch, get_rng_state, load_checkpoint, save_checkpoint
-from utils.build import build_trainer
-from utils.device import capabilities, check_options, gpu_indices, select_device
-from utils.distributed import ProcessInfo
+from utils import UserError, configure_torch, get_rng_state
+from utils.distributed.device import capabilities, check_options, gpu_indices, select_device
+from utils.distributed.process_group import ProcessInfo
+from utils.state.checkpoint import load_checkpoint, save_checkpoint
 from utils.util import set_rng_state, set_tf32, tf32_enabled
 
 LOGGER = logging.getLogger("test_device")

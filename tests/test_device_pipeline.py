@@ -13,7 +13,7 @@ from data_loader.data_loaders import ImageFolderDataLoader, SyntheticDataLoader
 from data_loader.device_pipeline import crop_and_flip
 from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD
 from utils import ConfigValueError
-from utils.batches import epoch_batches
+from utils.data.batches import epoch_batches
 
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)

@@ -166,7 +166,7 @@ import gc, sys, time
 sys.path.insert(0, {root!r})
 import torch
 import torch.distributed as dist
-from utils.distributed import process_group, process_info
+from utils.distributed.process_group import process_group, process_info
 
 info, ending = process_info(), sys.argv[1]
 

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from conftest import ROOT, run_script, write_shrunk
 
+from build import build_trainer
 from data_loader.data_loaders import NoisyShapesDataLoader
 from model.metric import psnr
 from parse_config import ConfigParser
-from utils.build import build_trainer
-from utils.distributed import ProcessInfo
+from utils.distributed.process_group import ProcessInfo
 
 DENOISE = {
     "data_loader.args.num_train": 640,

@@ -25,10 +25,10 @@ from model.loss import cross_entropy
 from model.metric import accuracy
 from parse_config import ConfigParser
 from trainer import Trainer
-from utils import save_checkpoint
-from utils.distributed import ProcessInfo, default_backend, init_distributed
-from utils.optim import build_optimizer
-from utils.training_state import checkpoint_state
+from utils.distributed.process_group import ProcessInfo, default_backend, init_distributed
+from utils.optim.optimizer import build_optimizer
+from utils.state.checkpoint import save_checkpoint
+from utils.state.training_state import checkpoint_state
 from utils.util import set_tf32, tf32_enabled
 
 RUN = Path("models") / "Demo_CifarCNN"

@@ -12,9 +12,9 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from data_loader.data_loaders import ImageFolderDataLoader
-from utils.averaging import update_average
-from utils.device import use_device
-from utils.metric_sums import MetricSums, StepOutput
+from utils.distributed.device import use_device
+from utils.evaluation.metric_sums import MetricSums, StepOutput
+from utils.optim.averaging import update_average
 
 pytestmark = [
     pytest.mark.gpu,

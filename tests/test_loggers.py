@@ -18,8 +18,8 @@ from logger import ExperimentLogger, Loggers, check_logger_packages
 from logger.csv_logger import CsvLogger
 from parse_config import ConfigError, ConfigParser
 from utils import UserError
-from utils.confusion import ConfusionMatrix, class_scores, draw_confusion_matrix
-from utils.metric_sums import StepOutput
+from utils.evaluation.confusion import ConfusionMatrix, class_scores, draw_confusion_matrix
+from utils.evaluation.metric_sums import StepOutput
 
 RUN = Path("models") / "Demo_CifarCNN"
 

@@ -10,7 +10,7 @@ from base import BaseDataLoader, BaseModel, BaseTrainer
 from model.loss import cross_entropy
 from model.metric import accuracy, top_k_acc
 from model.model import CifarCNN, TorchvisionModel
-from utils.metric_sums import MetricSums, StepOutput
+from utils.evaluation.metric_sums import MetricSums, StepOutput
 
 METRIC_FNS = {"accuracy": accuracy, "top_k_acc": top_k_acc}
 

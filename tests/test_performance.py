@@ -16,7 +16,7 @@ from model.model import CifarCNN
 from parse_config import ConfigParser
 from trainer import Trainer
 from utils import derive_seed, seed_everything
-from utils.optim import build_optimizer
+from utils.optim.optimizer import build_optimizer
 
 KNOBS = {
     "bf16": {"trainer.amp": "bf16"},

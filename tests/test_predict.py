@@ -142,10 +142,10 @@ def argmax_of_test_py(checkpoint: Path) -> tuple[list[str], list[int]]:
     spec = importlib.util.spec_from_file_location("test_entry_point", ROOT / "test.py")
     test_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(test_script)
+    from build import build_trainer
     from parse_config import ConfigParser
-    from utils.build import build_trainer
-    from utils.checkpoint import load_checkpoint, load_model_state
-    from utils.distributed import ProcessInfo
+    from utils.distributed.process_group import ProcessInfo
+    from utils.state.checkpoint import load_checkpoint, load_model_state
 
     config = ConfigParser.from_args(test_script.parse_args(["-r", str(checkpoint)]))
     logger = logging.getLogger("test")

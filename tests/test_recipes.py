@@ -14,8 +14,7 @@ from conftest import ROOT, run_script, set_flags, shrink
 from test_distributed import epoch_lines, run_torchrun
 from test_reliability import assert_same_training_state, start_training, wait_for
 
-from utils import load_checkpoint
-from utils.checkpoint import sorted_checkpoints
+from utils.state.checkpoint import load_checkpoint, sorted_checkpoints
 
 RUN = Path("models") / "Demo_CifarCNN"
 # Every technique of issue 11 on, on the demo network and data.

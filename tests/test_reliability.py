@@ -13,9 +13,8 @@ import pytest
 import torch
 from conftest import ROOT, run_script
 
-from utils import load_checkpoint, save_checkpoint
-from utils.checkpoint import read_latest, sorted_checkpoints
-from utils.signals import StopRequest
+from utils.state.checkpoint import load_checkpoint, read_latest, save_checkpoint, sorted_checkpoints
+from utils.state.signals import StopRequest
 
 RUN = Path("models") / "Demo_CifarCNN"
 
@@ -155,9 +154,9 @@ def test_a_failed_save_leaves_the_previous_checkpoint_resumable(
         file.write(before[: len(before) // 2])
         raise OSError(28, "No space left on device")
 
-    import utils.checkpoint
+    import utils.state.checkpoint
 
-    monkeypatch.setattr(utils.checkpoint.torch, "save", write_half_then_fail)
+    monkeypatch.setattr(utils.state.checkpoint.torch, "save", write_half_then_fail)
     with pytest.raises(OSError, match="No space left"):
         save_checkpoint({"epoch": 99}, path)
     monkeypatch.undo()

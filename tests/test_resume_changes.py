@@ -20,11 +20,11 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import train
-import utils.device
-import utils.sampler
-from utils.averaging import update_average
-from utils.metric_sums import MetricSums, StepOutput
-from utils.sampler import EpochSampler
+import utils.data.sampler
+import utils.distributed.device
+from utils.data.sampler import EpochSampler
+from utils.evaluation.metric_sums import MetricSums, StepOutput
+from utils.optim.averaging import update_average
 
 RUN = Path("models") / "Demo_CifarCNN"
 
@@ -63,7 +63,7 @@ def recorded_order(monkeypatch):
                 seen.setdefault(self.epoch, []).append(index)
             yield index
 
-    monkeypatch.setattr(utils.sampler.EpochSampler, "__iter__", recording)
+    monkeypatch.setattr(utils.data.sampler.EpochSampler, "__iter__", recording)
     return seen
 
 
@@ -293,9 +293,9 @@ class NoFloat64(TorchDispatchMode):
 
 
 def test_metric_sums_use_no_float64_where_the_device_has_none_and_stay_exact(monkeypatch):
-    cpu = utils.device.capabilities(torch.device("cpu"))
+    cpu = utils.distributed.device.capabilities(torch.device("cpu"))
     monkeypatch.setattr(
-        "utils.metric_sums.capabilities",
+        "utils.evaluation.metric_sums.capabilities",
         lambda device: type(cpu)(**{**vars(cpu), "float64": False}),
     )
     generator = torch.Generator().manual_seed(0)
@@ -337,7 +337,7 @@ def test_a_named_cuda_device_becomes_the_current_one_before_anything_else(make_c
 
 
 def test_the_process_group_gets_distributed_timeout(monkeypatch):
-    from utils.distributed import ProcessInfo, init_distributed
+    from utils.distributed.process_group import ProcessInfo, init_distributed
 
     calls = {}
     monkeypatch.setattr(torch.distributed, "rendezvous", lambda url: iter([(None, 0, 2)]))

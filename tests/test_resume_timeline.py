@@ -20,7 +20,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from utils.checkpoint import read_latest, sorted_checkpoints
+from utils.state.checkpoint import read_latest, sorted_checkpoints
 
 RUN = Path("models") / "Demo_CifarCNN"
 

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.data_loaders import ImageFolderDataLoader
-from utils.data_summary import log_data_summary
+from utils.data.data_summary import log_data_summary
 
 
 class LabelSet(Dataset):

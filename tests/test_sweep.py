@@ -19,16 +19,16 @@ import torch
 from conftest import ROOT, run_script, signal_once_saved
 
 import sweep
-from utils import save_checkpoint
-from utils.sweep_results import summarize
-from utils.sweep_runner import (
+from sweeps.results import summarize
+from sweeps.runner import (
     outcome,
     run_trials,
     start_process,
     trial_environment,
     visible_gpus,
 )
-from utils.sweep_space import Trial, build_space, grid_trials, random_trials
+from sweeps.space import Trial, build_space, grid_trials, random_trials
+from utils.state.checkpoint import save_checkpoint
 
 NAME = "Demo_CifarCNN"
 TINY = {"trainer.epochs": 1, "trainer.tensorboard": False}
@@ -204,7 +204,7 @@ def test_a_trial_does_not_outlive_its_sweep(tmp_path, spawn):
     child_pid = tmp_path / "child.pid"
     code = (
         "import sys, time; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
-        "from utils.sweep_runner import start_process;"
+        "from sweeps.runner import start_process;"
         "child = start_process([sys.executable, '-c', 'import time; time.sleep(60)'], {},"
         " Path(sys.argv[2]) / 'child.log');"
         "Path(sys.argv[2], 'child.pid').write_text(str(child.pid)); time.sleep(60)"
@@ -444,8 +444,8 @@ def test_optuna_reports_every_epoch_and_ranks_its_trials(make_config):
 
 def test_a_resumed_optuna_study_continues_its_trial_and_draws_new_values(tmp_path):
     pytest.importorskip("optuna")
-    from utils.sweep_optuna import OptunaTrials
-    from utils.sweep_plan import Sweep
+    from sweeps.optuna_search import OptunaTrials
+    from sweeps.plan import Sweep
 
     dimensions = space(log_uniform=["optimizer.args.lr=1e-4,1e-1"], num_optuna=3)
     study = Sweep(name="tpe", sweep_dir=tmp_path, method="optuna", dimensions=dimensions,

@@ -16,15 +16,15 @@ from conftest import ROOT, shrink
 from PIL import Image
 from torchvision.transforms import v2
 
+from build import build_loss, build_trainer
 from data_loader.transforms import batch_mixing, cifar_transform, imagenet_transform
 from model.model import CifarCNN
 from parse_config import ConfigError, ConfigParser
 from utils import UserError
-from utils.build import build_loss, build_trainer
-from utils.distributed import ProcessInfo
-from utils.monitor import Monitor
-from utils.optim import NORM_LAYERS, build_optimizer
-from utils.schedule import build_scheduler
+from utils.distributed.process_group import ProcessInfo
+from utils.evaluation.monitor import Monitor
+from utils.optim.optimizer import NORM_LAYERS, build_optimizer
+from utils.optim.schedule import build_scheduler
 
 
 def demo_config(tmp_path, **sections) -> ConfigParser:

@@ -12,10 +12,11 @@ from conftest import ROOT, SAMPLE_DIR, run_script, set_flags
 from torch import nn
 
 import train
+from build import freeze
 from model.model import TorchvisionModel
 from parse_config import ConfigParser
 from utils import ConfigValueError, UserError
-from utils.optim import build_optimizer, freeze
+from utils.optim.optimizer import build_optimizer
 
 FROZEN = ["network.conv1", "network.bn1", "network.layer1", "network.layer2"]
 

@@ -20,8 +20,8 @@ import model.model as arch_module
 from base import StepOutput
 from parse_config import ConfigParser
 from trainer.trainer import Trainer
-from utils import ConfigValueError, load_checkpoint
-from utils.checkpoint import load_model_state
+from utils import ConfigValueError
+from utils.state.checkpoint import load_checkpoint, load_model_state
 
 
 class DistillationTrainer(Trainer):

@@ -17,6 +17,17 @@ class ConfigError(UserError):
     """A config file, override or value that cannot be used."""
 
 
+class DataError(UserError):
+    """Data that is missing, empty or unusable (base.base_data_loader.DataError too)."""
+
+    def __init__(self, message: str) -> None:
+        # Raised in a DataLoader worker (an unreadable image), it is re-raised in the main
+        # process with the worker's whole traceback as its message: keep the line it raised.
+        if message.startswith("Caught DataError in DataLoader worker"):
+            message = message.rstrip().splitlines()[-1].partition("DataError: ")[2]
+        super().__init__(message)
+
+
 class ConfigValueError(UserError, ValueError):
     """A constructor argument from config that cannot be used.
 
@@ -116,7 +127,7 @@ def set_rng_state(state: dict, device: torch.device) -> None:
 
 def configure_torch(trainer_config: dict, device: torch.device) -> None:
     """Apply trainer.deterministic, and on CUDA cudnn_benchmark and tf32, to torch's global
-    settings (utils.device.check_options notes those two as ignored elsewhere)."""
+    settings (utils.distributed.device.check_options notes those two as ignored elsewhere)."""
     if trainer_config["deterministic"]:
         # Bit-exact reruns: refuse non-deterministic kernels (cuBLAS needs this workspace setting).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

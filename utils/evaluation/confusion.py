@@ -5,8 +5,8 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torchvision.transforms.functional import pil_to_tensor
 
-from utils.distributed import all_reduce_sum
-from utils.metric_sums import StepOutput
+from utils.distributed.process_group import all_reduce_sum
+from utils.evaluation.metric_sums import StepOutput
 
 WHITE, BLACK, BLUE, GREY = (255, 255, 255), (0, 0, 0), (8, 48, 107), (230, 230, 230)
 MAX_SIDE = 800  # pixels of the matrix itself, at most

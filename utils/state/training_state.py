@@ -3,7 +3,7 @@
 A checkpoint is a plain dict. Besides each component's state_dict (model, optimizer, scheduler,
 averaged weights, loss scaler, monitor) it describes itself: its place in the run's timeline,
 its position in samples, the batch geometry and the data it trained with, and its config, so
-that utils/resume.py can tell what of it a later run can take.
+that utils/state/resume.py can tell what of it a later run can take.
 """
 
 from dataclasses import dataclass
@@ -12,9 +12,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from utils.checkpoint import save_checkpoint, sorted_checkpoints, write_latest
-from utils.distributed import gather_objects, on_rank0
-from utils.util import SaveError, get_rng_state, unwrap_model
+from utils.distributed.process_group import gather_objects, on_rank0
+from utils.state.checkpoint import (
+    checkpoint_name,
+    save_checkpoint,
+    sorted_checkpoints,
+    write_latest,
+)
+from utils.util import SaveError, StopInEpoch, get_rng_state, unwrap_model
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
@@ -39,7 +44,7 @@ class TrainingState:
     samples: int | None = 0
     batches: int = 0
     epoch_sums: dict[str, torch.Tensor] | None = None
-    timeline: str = ""  # the id of the run's timeline (utils/timeline.py)
+    timeline: str = ""  # the id of the run's timeline (utils/state/timeline.py)
     parent: str | None = None  # the checkpoint the next one continues (its file name)
     # Not saved, set by a resume: this rank's RNG state to restore at the resume point, and
     # whether the batch geometry changed inside the epoch (it then goes on after `samples`).
@@ -145,6 +150,37 @@ def save(
             ) from None
 
     on_rank0(write)
+
+
+def save_inside_epoch(trainer: "BaseTrainer", epoch: int, stop: StopInEpoch) -> Path:
+    """The checkpoint of a stop inside `epoch`: where the epoch stands (batches, samples, metric
+    sums), so that the next run goes on from there in any batch geometry."""
+    state = trainer.state
+    state.batches, state.samples, state.epoch_sums = stop.batches, stop.samples, stop.sums
+    path = trainer.checkpoint_dir / checkpoint_name(epoch, state.global_step)
+    save(trainer, checkpoint_state(trainer, {}), path)
+    return path
+
+
+def save_epoch_end(
+    trainer: "BaseTrainer",
+    epoch: int,
+    metrics: dict[str, float],
+    *,
+    last: bool,
+    improved: bool,
+    in_top_k: bool,
+    dropped: list[int],
+) -> Path:
+    """Epoch `epoch` done: its checkpoint every save_period epochs and at the `last` one, and the
+    best models. Returns the checkpoint's path (where a stop after it resumes)."""
+    trainer.state.epoch = epoch
+    state = checkpoint_state(trainer, metrics)  # on every rank: it gathers the RNG states
+    path = trainer.checkpoint_dir / checkpoint_name(epoch)
+    periodic = epoch % trainer.options["save_period"] == 0 or last
+    save(trainer, state, path if periodic else None, improved=improved, in_top_k=in_top_k,
+         dropped=tuple(dropped))  # fmt: skip
+    return path
 
 
 def write_checkpoint(trainer: "BaseTrainer", state: dict, path: Path) -> None:

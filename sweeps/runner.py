@@ -17,9 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, sorted_checkpoints
-from utils.signals import STOP_SIGNALS, StopRequest
-from utils.sweep_space import Trial
+from sweeps.space import Trial
+from utils.state.checkpoint import (
+    CHECKPOINT_NAME,
+    CheckpointError,
+    load_checkpoint,
+    sorted_checkpoints,
+)
+from utils.state.signals import STOP_SIGNALS, StopRequest
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
 POLL_SECONDS = 0.2  # how often the sweep looks at its running trials

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from utils.checkpoint import (
+from utils.state.checkpoint import (
     BEST_NAME,
     CheckpointError,
     checkpoint_order,

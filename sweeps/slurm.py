@@ -6,7 +6,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from utils.sweep_space import SweepError
+from sweeps.space import SweepError
 
 SCRIPT = """#!/bin/bash
 # Sweep {name}: trial $SLURM_ARRAY_TASK_ID of {num_trials}, one per array task (written by sweep.py --slurm).

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from utils.device import capabilities
-from utils.distributed import all_reduce_max, all_reduce_sum
+from utils.distributed.device import capabilities
+from utils.distributed.process_group import all_reduce_max, all_reduce_sum
 
 # A metric takes a step's output and target and returns the SUM of a per-sample score over the
 # batch, as a 0-d tensor on the batch's device (model/metric.py).

@@ -35,6 +35,14 @@ def schedule_length(config: "ConfigParser", steps_per_epoch: int) -> tuple[int, 
     return epochs * steps_per_epoch, warmup
 
 
+def warmup_steps(config: "ConfigParser", steps_per_epoch: int) -> int:
+    """The schedule's warmup in optimizer steps (0 without a schedule)."""
+    if config["lr_scheduler"] is None:
+        return 0
+    warmup = schedule_length(config, steps_per_epoch)[1]
+    return warmup if config["lr_scheduler"]["interval"] == "step" else warmup * steps_per_epoch
+
+
 def given_length(section: dict) -> int | None:
     """The schedule's length set in lr_scheduler.args (None: derived from the run)."""
     args = section["args"]

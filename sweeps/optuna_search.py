@@ -16,11 +16,11 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from utils.sweep_space import Dimension, SweepError, Trial
+from sweeps.space import Dimension, SweepError, Trial
 from utils.util import derive_seed
 
 if TYPE_CHECKING:
-    from utils.sweep_plan import Sweep
+    from sweeps.plan import Sweep
 
 
 def require_optuna() -> None:

@@ -37,3 +37,17 @@ def update_average(average: AveragedModel, model: nn.Module, *, restart: bool) -
     if restart:
         average.n_averaged.zero_()
     average.n_averaged += 1  # where it is (the CPU): nothing crosses to or from the GPU
+
+
+def update_if_due(
+    average: AveragedModel, model: nn.Module, step: int, options: dict, warmup_steps: int
+) -> None:
+    """The update after optimizer step `step`, every trainer.ema_period steps. The first copies
+    the weights; with trainer.ema_warmup_reset so does every update that follows one inside the
+    warmup (torchvision's recipe): the average starts from the warmed-up weights. A function of
+    the step: a resumed run does the same."""
+    period = options["ema_period"]
+    if step % period:
+        return
+    restart = step == period or (options["ema_warmup_reset"] and step - period <= warmup_steps)
+    update_average(average, model, restart=restart)

@@ -1,7 +1,7 @@
 """The run folder: its shared id, whether to resume into it, creating it.
 
 Under torchrun, train.py calls find_resume_point and prepare_run_folder on rank 0 alone
-(utils.distributed.on_rank0): the other ranks must not race its writes, and an error must reach
+(utils.distributed.process_group.on_rank0): the other ranks must not race its writes, and an error must reach
 every rank rather than leave them waiting.
 """
 
@@ -14,10 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from utils.checkpoint import TEMPORARY_NAME, remove_temporaries, write_text_atomic
-from utils.distributed import process_info
-from utils.timeline import ABANDONED, ResumePoint, choose, from_file, new_timeline_id, set_aside
-from utils.training_state import drop_oldest
+from utils.distributed.process_group import process_info
+from utils.state.checkpoint import TEMPORARY_NAME, remove_temporaries, write_text_atomic
+from utils.state.timeline import (
+    ABANDONED,
+    ResumePoint,
+    choose,
+    from_file,
+    new_timeline_id,
+    set_aside,
+)
+from utils.state.training_state import drop_oldest
 from utils.util import UserError
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from utils.checkpoint import CheckpointError, load_checkpoint, write_text_atomic
-from utils.sweep_space import SweepError, Trial
+from sweeps.space import SweepError, Trial
+from utils.state.checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 
 # Statuses a trial keeps: the next run of the sweep skips it. Any other (failed, interrupted,
 # or no record yet: pending) runs again, resuming from the trial's newest checkpoint.

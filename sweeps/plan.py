@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from parse_config import ConfigParser, apply_override, load_json, parse_override, with_defaults
-from utils.config_checks import NAME
-from utils.sweep_optuna import require_optuna
-from utils.sweep_space import (
+from sweeps.optuna_search import require_optuna
+from sweeps.space import (
     Dimension,
     SweepError,
     Trial,
@@ -26,6 +25,7 @@ from utils.sweep_space import (
     random_trials,
     trial_config,
 )
+from utils.config.config_checks import NAME
 
 
 @dataclass

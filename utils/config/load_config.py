@@ -23,8 +23,8 @@ from config_schema import (
     Section,
     TrainerConfig,
 )
-from utils.config_checks import PREFIX_LIST, Check
-from utils.monitor import parse_monitor
+from utils.config.config_checks import PREFIX_LIST, Check
+from utils.config.monitor import parse_monitor
 from utils.util import ConfigError
 
 # data_loader.args that only one kind of sampler reads: setting them for another is a mistake.

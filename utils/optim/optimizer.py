@@ -5,12 +5,9 @@ and fused optimizer kernels on CUDA."""
 import torch
 from torch import nn
 
-from base import BaseModel
-from base.base_model import name_prefixes, under_prefix
 from parse_config import ConfigError, ConfigParser
-from utils.batches import lr_scale
-from utils.device import capabilities
-from utils.util import ConfigValueError
+from utils.data.batches import lr_scale
+from utils.distributed.device import capabilities
 
 # Optimizers whose fused CUDA kernels take GradScaler's inf check as a device tensor: with them
 # an fp16 step never waits on the GPU, while GradScaler.step reads it on the host otherwise.
@@ -21,19 +18,6 @@ NORM_LAYERS = (
     nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d,
     nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm,
 )  # fmt: skip
-
-
-def freeze(config: ConfigParser, model: nn.Module) -> None:
-    """Freeze the parameters arch.freeze names (see BaseModel.freeze)."""
-    prefixes = config["arch"].get("freeze") or []
-    if not prefixes:
-        return
-    if not isinstance(model, BaseModel):
-        raise ConfigError(f"{config.source}: arch.freeze: needs a model that subclasses BaseModel")
-    try:
-        model.freeze(prefixes)
-    except ConfigValueError as error:
-        raise ConfigError(f"{config.source}: {error}") from None
 
 
 def build_optimizer(
@@ -114,3 +98,14 @@ def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[
         built.append({**group, "params": params})
     rest = [param for name, param in trainable if name not in owner]
     return ([{"params": rest}] if rest else []) + built
+
+
+def under_prefix(name: str, prefix: str) -> bool:
+    """Whether parameter `name` is `prefix` or lies under it, by whole name parts:
+    "network.layer1" covers "network.layer1.0.conv1.weight", not "network.layer10..."."""
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def name_prefixes(module: nn.Module) -> list[str]:
+    """The first two parts of the parameter names (e.g. network.layer1), for error messages."""
+    return sorted({".".join(name.split(".")[:2]) for name, _ in module.named_parameters()})

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from logger import setup_logging
-from utils.checkpoint import load_checkpoint, write_text_atomic
-from utils.distributed import ProcessInfo, broadcast_object
-from utils.run_folder import default_run_id
-from utils.timeline import choose
+from utils.distributed.process_group import ProcessInfo, broadcast_object
+from utils.state.checkpoint import load_checkpoint, write_text_atomic
+from utils.state.run_folder import default_run_id
+from utils.state.timeline import choose
 
 if TYPE_CHECKING:
     from parse_config import ConfigParser
@@ -115,9 +114,10 @@ def cross_validate(
     info: ProcessInfo,
     device: torch.device,
     train: Callable[["ConfigParser", ProcessInfo, torch.device], None],
-) -> None:
+) -> dict | None:
     """train() fold data_loader.args.fold, or every fold in turn, each in the run's fold-<i>/;
-    once every fold has finished, write folds_summary.json and log it (rank 0)."""
+    once every fold has finished, write folds_summary.json (rank 0). Returns the summary (None
+    on the other ranks, and while a fold has no result yet)."""
     if not config.run_id_given:
         # Every fold (and rank) writes into one run folder: name it before the first fold.
         config.run_id = default_run_id(config.run_id, broadcast_object)
@@ -126,17 +126,9 @@ def cross_validate(
         fold_config = config.for_fold(fold)
         train(fold_config, info, device)
         summary = finish_fold(fold_config) if info.is_main else None
-    if not info.is_main:
-        return
-    logger = logging.getLogger("train")
-    if summary is None:
-        logger.info(
+    if info.is_main and summary is None:
+        logging.getLogger("train").info(
             "Fold %d finished; %s follows when every fold (0 to %d) has.",
             fold, SUMMARY, config.num_folds - 1,
         )  # fmt: skip
-        return
-    # The summary belongs to the whole run: its own log folder, above the folds'.
-    setup_logging(config.run_log_dir, verbosity=config["trainer"]["verbosity"], rank=info.rank)
-    for line in summary_lines(summary):
-        logger.info("%s", line)
-    logger.info("Saved %s", config.run_checkpoint_dir / SUMMARY)
+    return summary

@@ -4,13 +4,17 @@ config_schema.py gives each key one of these; a failed check reads
 "<file>: <key path>: must be <what>, got <value as JSON>".
 """
 
+import copy
+import dataclasses
 import json
 import re
 from collections.abc import Callable
 from typing import Any
 
-from base.base_data_loader import SAMPLERS
-from utils.device import DEVICE_NAME
+# data_loader.args.sampler: how each epoch draws the training data (BaseDataLoader).
+SAMPLERS = ("random", "sequential", "subset_random", "weighted")
+# The values of the config key `device`; -d takes GPU indices instead (CUDA_VISIBLE_DEVICES).
+DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 Check = tuple[Callable[[Any], bool], str]
 
@@ -81,7 +85,7 @@ PREFIX_LIST: Check = (
     ),
     'a list of distinct parameter-name prefixes, e.g. ["network.layer1"]',
 )
-# Each group's own keys are checked in utils/load_config.py.
+# Each group's own keys are checked in utils/config/load_config.py.
 PARAM_GROUPS: Check = (
     lambda v: isinstance(v, list),
     'a list of {"params": ..., "lr": ...} objects',
@@ -111,3 +115,24 @@ WANDB_MODE: Check = choice(None, "online", "offline")
 COMPILE_MODE: Check = choice(
     "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    """A default that is not a value; `label` is how the docs show it."""
+
+    label: str
+
+
+REQUIRED = Marker("required")  # the key must be given
+OPTIONAL = Marker("not set")  # the key may be left out, and nothing is filled in for it
+
+
+def key(default: Any, check: Check | None, doc: str) -> Any:
+    """One config key. check None: an object, checked by its own dataclass or not at all (args)."""
+    metadata = {"default": default, "check": check, "doc": doc}
+    if default is REQUIRED:
+        return dataclasses.field(metadata=metadata)
+    if isinstance(default, dict | list):  # a fresh copy for each instance
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=None if default is OPTIONAL else default, metadata=metadata)

@@ -9,18 +9,16 @@ saved. docs/performance.md#devices shows the same decisions as a table.
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.torch_version import TorchVersion
 
-from utils.distributed import ProcessInfo, default_backend
+from utils.config.config_checks import DEVICE_NAME
+from utils.distributed.process_group import ProcessInfo, default_backend
 from utils.util import UserError
 
-# The values of the config key `device`; -d takes GPU indices instead (CUDA_VISIBLE_DEVICES).
-DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 # The torch release whose MPS backend has GradScaler kernels and an Inductor (compile) backend.
 MPS_TRAINING_TORCH = (2, 8)
 

@@ -14,7 +14,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from utils.load_config import ConfigError, apply_override, parse_override
+from utils.config.load_config import ConfigError, apply_override, parse_override
 from utils.util import UserError
 
 # How each kind of dimension is spelled on the command line.

@@ -1,9 +1,16 @@
-"""A run's objects, built from its config in one place for train.py and test.py."""
+"""Who wires the objects together: a run's data, model, loss, metrics, optimizer and trainer
+from its config (train.py, test.py), and a checkpoint's model and input transform from the
+checkpoint alone (predict.py, export.py: neither reads the data).
 
+It sits beside the entry scripts because it looks names up in what users edit (model/,
+data_loader/, trainer/); nothing below it imports it."""
+
+import copy
 import functools
 import inspect
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -13,12 +20,20 @@ import model.loss as loss_module
 import model.metric as metric_module
 import model.model as arch_module
 import trainer as trainer_module
-from base import BaseTrainer
+from base import BaseModel, BaseTrainer
+from data_loader.transforms import evaluation_transform
 from parse_config import ConfigError, ConfigParser
-from utils.batches import global_batch
-from utils.device import capabilities
-from utils.distributed import ProcessInfo, is_distributed, once_per_node
-from utils.optim import build_optimizer, freeze
+from utils.data.batches import global_batch
+from utils.distributed.device import capabilities
+from utils.distributed.process_group import ProcessInfo, is_distributed, once_per_node
+from utils.optim.optimizer import build_optimizer
+from utils.state.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model_state,
+    use_averaged_weights,
+)
+from utils.util import ConfigValueError
 
 
 def build_loss(config: ConfigParser) -> Callable:
@@ -54,6 +69,19 @@ def log_learning_rates(
             global_batch,
             reference,
         )
+
+
+def freeze(config: ConfigParser, model: torch.nn.Module) -> None:
+    """Freeze the parameters arch.freeze names (see BaseModel.freeze)."""
+    prefixes = config["arch"].get("freeze") or []
+    if not prefixes:
+        return
+    if not isinstance(model, BaseModel):
+        raise ConfigError(f"{config.source}: arch.freeze: needs a model that subclasses BaseModel")
+    try:
+        model.freeze(prefixes)
+    except ConfigValueError as error:
+        raise ConfigError(f"{config.source}: {error}") from None
 
 
 def build_trainer(
@@ -108,3 +136,45 @@ def build_trainer(
         "trainer", trainer_module, model, criterion, metric_fns, optimizer,
         config=config, device=device, data=data, logger=logger, rank=info.rank,
     )  # fmt: skip
+
+
+def load_inference_model(
+    path: Path, *, weights: str = "auto"
+) -> tuple[torch.nn.Module, ConfigParser, dict]:
+    """(model in evaluation mode on the CPU, its config, the checkpoint) of checkpoint `path`,
+    holding the weights --weights chose (use_averaged_weights); state["ema_chosen"] says which."""
+    state = load_checkpoint(path, map_location="cpu")
+    if not isinstance(state["config"], dict):
+        raise CheckpointError(
+            f"{path}: its config is not a dict; not a checkpoint of this template"
+        )
+    config = copy.deepcopy(state["config"])
+    arch_args = config.get("arch", {}).get("args", {})
+    if arch_args.get("weights") is not None:
+        # The pretrained weights the run started from: the checkpoint's own replace them, so
+        # they are neither downloaded nor read.
+        arch_args["weights"] = None
+    parsed = ConfigParser(config, source=f"{path} (its config)")
+    model = parsed.init_obj("arch", arch_module)
+    state["ema_chosen"] = use_averaged_weights(state, weights)
+    load_model_state(model, state, path, ema=state["ema_chosen"])
+    return model.eval(), parsed, state
+
+
+def weights_note(state: dict) -> str:
+    """Which weights were loaded, and why, for the log."""
+    if not state["ema_chosen"]:
+        return "the trained weights"
+    monitor = (state.get("config") or {}).get("trainer", {}).get("monitor", "")
+    why = f" (trainer.monitor {monitor!r} judged them)" if state.get("weights") == "ema" else ""
+    return f"the averaged weights{why}"
+
+
+def input_transform(config: ConfigParser) -> Callable:
+    """Image (PIL or HWC uint8 array) -> the model's input (C, H, W), as the run evaluated it."""
+    section = config["data_loader"]
+    loader_class = config.lookup(data_module, section["type"], "data_loader.type")
+    try:
+        return evaluation_transform(loader_class, section["args"])
+    except ConfigValueError as error:
+        raise ConfigError(f"{config.source}: data_loader: {error}") from None

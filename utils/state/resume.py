@@ -2,27 +2,20 @@
 config, data and process count can take, what is rebuilt instead (named in a warning), and what
 is refused (one line, before anything is written)."""
 
-import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from utils.checkpoint import CheckpointError, load_checkpoint, load_model_state
-from utils.distributed import world_size
-from utils.sampler import EpochSampler
-from utils.schedule import (
-    SHAPE_KEYS,
-    build_scheduler,
-    fast_forward,
-    is_positional,
-    schedule_change,
-)
-from utils.timeline import ResumePoint
-from utils.util import UserError
+from utils.data.batches import remaining_batches
+from utils.data.sampler import EpochSampler
+from utils.distributed.process_group import world_size
+from utils.state.checkpoint import load_checkpoint, load_model_state
+from utils.state.optimizer_state import restore_optimizer, restore_schedule
+from utils.state.timeline import ResumePoint
+from utils.util import UserError, derive_seed, seed_everything, set_rng_state
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
 
-# The parts of the config whose change the saved optimizer state cannot honour as it is.
-OPTIMIZER_KEYS = ("args", "param_groups", "norm_bias_weight_decay", "reference_batch_size")
 # The batch geometry a mid-epoch position is counted in.
 GEOMETRY_KEYS = {
     "batch_size": "data_loader.args.batch_size",
@@ -160,131 +153,6 @@ def place_in_epoch(trainer: "BaseTrainer", state: dict, path: object) -> None:
     )  # fmt: skip
 
 
-def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict) -> bool:
-    """The saved optimizer state, whole when its config is unchanged; else the config's
-    hyperparameters (learning rates, weight decay, groups) with the saved per-parameter state
-    (momentum, Adam's moments) mapped by parameter name. Returns whether the saved
-    hyperparameters were restored."""
-    optimizer, logger = trainer.optimizer, trainer.logger
-    if state.get("optimizer") is None:
-        return False
-    current = trainer.config.config
-    change = optimizer_change(saved, current, state.get("geometry"), trainer.geometry)
-    saved_names = state.get("optimizer_params")
-    names = trainer.parameter_names()
-    if change is None and (saved_names is None or saved_names == names):
-        try:
-            optimizer.load_state_dict(state["optimizer"])
-        except (ValueError, KeyError) as error:
-            raise CheckpointError(f"cannot restore the optimizer state: {error}") from None
-        return True
-    change = change or "the optimizer's parameters changed"
-    if saved["optimizer"]["type"] != current["optimizer"]["type"] or saved_names is None:
-        logger.warning("%s: a new optimizer, its state starts afresh.", change)
-        return False
-    saved_index = {
-        name: index for index, name in enumerate(n for group in saved_names for n in group)
-    }
-    mine = optimizer.state_dict()
-    flat = [name for group in names for name in group]
-    saved_state = state["optimizer"]["state"]
-    mine["state"] = {
-        index: saved_state[saved_index[name]]
-        for index, name in enumerate(flat)
-        if name in saved_index and saved_index[name] in saved_state
-    }
-    optimizer.load_state_dict(mine)
-    logger.warning(
-        "%s: learning rates, weight decay and parameter groups as the config says now; the "
-        "state of %d of %d parameters (momentum, moments) restored by name.",
-        change, len(mine["state"]), len(flat),
-    )  # fmt: skip
-    return False
-
-
-def optimizer_change(
-    saved: dict, current: dict, saved_geometry: dict | None, geometry: dict
-) -> str | None:
-    """What changed, in words, that the saved optimizer hyperparameters cannot honour: its type,
-    args, groups, weight decay of norms and biases, arch.freeze, or (with reference_batch_size)
-    the global batch its learning rates are scaled to; None when nothing did."""
-    before, now = saved["optimizer"], current["optimizer"]
-    if before.get("type") != now.get("type"):
-        return f"optimizer.type changed ({before.get('type')} -> {now.get('type')})"
-    changed = [f"optimizer.{key}" for key in OPTIMIZER_KEYS if before.get(key) != now.get(key)]
-    if saved["arch"].get("freeze") != current["arch"].get("freeze"):
-        changed.append("arch.freeze")
-    scaled = now.get("reference_batch_size") is not None
-    old_batch = (saved_geometry or {}).get("global_batch", geometry["global_batch"])
-    if scaled and old_batch != geometry["global_batch"]:
-        changed.append(f"the global batch ({old_batch} -> {geometry['global_batch']})")
-    return ", ".join(changed) + " changed" if changed else None
-
-
-def restore_schedule(
-    trainer: "BaseTrainer", state: dict, saved: dict, *, hyperparameters_restored: bool
-) -> None:
-    """The saved schedule state when the schedule is unchanged; else the config's schedule,
-    rebuilt and stepped to where the run stands (a warning says so), or for ReduceLROnPlateau,
-    which follows a metric, started afresh."""
-    scheduler, logger = trainer.lr_scheduler, trainer.logger
-    if scheduler is None:
-        return
-    if state.get("schedule") is not None:
-        change = schedule_change(state["schedule"], trainer.schedule_signature)
-    else:  # format 1: its config alone
-        before, now = saved.get("lr_scheduler") or {}, trainer.config["lr_scheduler"]
-        keys = [key for key in SHAPE_KEYS if before.get(key) != now.get(key)]
-        change = ", ".join(f"lr_scheduler.{key} changed" for key in keys) or None
-    if change is None and not hyperparameters_restored:
-        change = "the optimizer's learning rates come from the config"
-    elif change is None and state.get("lr_scheduler") is None:
-        change = "the checkpoint has no schedule state"
-    if change is None:
-        scheduler.load_state_dict(state["lr_scheduler"])
-        return
-    if trainer.start_epoch > trainer.epochs:
-        return  # nothing left to train
-    if not is_positional(scheduler):
-        logger.warning("lr_scheduler: ReduceLROnPlateau starts afresh (%s).", change)
-        return
-    before = [group["lr"] for group in trainer.optimizer.param_groups]
-    num_steps = schedule_position(trainer)
-    for group in trainer.optimizer.param_groups:  # where the new schedule starts from
-        group["lr"] = group.pop("initial_lr", group["lr"])
-    trainer.lr_scheduler = build_scheduler(
-        trainer.config,
-        trainer.optimizer,
-        trainer.steps_per_epoch,
-        lr_scale=trainer.lr_scale,
-        logger=logger,
-    )
-    fast_forward(trainer.lr_scheduler, num_steps)
-    after = [group["lr"] for group in trainer.optimizer.param_groups]
-    logger.warning(
-        "lr_scheduler: rebuilt from the config (%s) and stepped %d times, to where the run "
-        "stands: learning rate %s (was %s).",
-        change, num_steps, f"{after[0]:.4g}", f"{before[0]:.4g}",
-    )  # fmt: skip
-    trainer.schedule_signature["base_lrs"] = [
-        group["initial_lr"] for group in trainer.optimizer.param_groups
-    ]
-
-
-def schedule_position(trainer: "BaseTrainer") -> int:
-    """How many times the schedule has stepped at the resume point, in this run's units: epochs
-    done, or optimizer steps (epochs done x steps per epoch + the steps of the samples done
-    inside the epoch, rounded down)."""
-    position = trainer.state
-    if not trainer.step_per_batch:
-        return position.epoch
-    if position.regrouped:  # another batch geometry: the steps of the samples done
-        inside = math.floor(position.samples / trainer.geometry["global_batch"])
-    else:
-        inside = position.batches // trainer.options["grad_accum_steps"]
-    return position.epoch * trainer.steps_per_epoch + inside
-
-
 def own_rng_state(trainer: "BaseTrainer", saved: list[dict] | dict) -> dict | None:
     """This rank's RNG state in a mid-epoch checkpoint; None when the world size changed (the
     engine then seeds each rank anew from where the run stands)."""
@@ -299,3 +167,55 @@ def own_rng_state(trainer: "BaseTrainer", saved: list[dict] | dict) -> dict | No
         trainer.start_epoch,
     )
     return None
+
+
+def restore_rng(trainer: "BaseTrainer", epoch: int, first_batch: int) -> None:
+    """At the resume point inside an epoch: this rank's saved random numbers, or (another world
+    size) a new stream that is still a function of where the run stands."""
+    if trainer.state.rng is not None:
+        set_rng_state(trainer.state.rng, trainer.device)
+    else:
+        seed_everything(derive_seed(trainer.config["seed"], epoch, trainer.rank, first_batch))
+    trainer.state.rng = None
+
+
+@dataclass(frozen=True)
+class EpochStart:
+    """Where train_epoch begins: after `first_batch` batches of this rank (a mid-epoch resume;
+    0 at an epoch's start), until `last_step`; after another batch geometry, after
+    `skip_samples` samples of the epoch's order; with `sums`, the metric sums so far."""
+
+    first_batch: int
+    last_step: int
+    skip_samples: int | None
+    sums: dict | None
+    samples_per_batch: int  # of all ranks together
+    samples_before: int
+    one_pass: bool  # the epoch is one pass over the data (no trainer.len_epoch)
+
+    def samples_at(self, step: int) -> int | None:
+        """Samples of the epoch's order done after batch `step` (None: not one pass)."""
+        done = self.samples_before + (step - self.first_batch) * self.samples_per_batch
+        return done if self.one_pass else None
+
+
+def epoch_start(trainer: "BaseTrainer") -> EpochStart:
+    """Where the next epoch begins, taken from the trainer's state (which then starts afresh)."""
+    position, loader = trainer.state, trainer.train_loader
+    skip_samples = position.samples if position.regrouped else None
+    last_step = trainer.len_epoch
+    if skip_samples is not None:
+        last_step = position.batches + remaining_batches(loader, skip_samples)
+    per_batch = loader.batch_size * world_size()
+    begin = EpochStart(
+        first_batch=position.batches,
+        last_step=last_step,
+        skip_samples=skip_samples,
+        sums=position.epoch_sums,
+        samples_per_batch=per_batch,
+        samples_before=skip_samples if skip_samples is not None else position.batches * per_batch,
+        one_pass=not trainer.options["len_epoch"],
+    )
+    position.batches, position.samples, position.epoch_sums = 0, 0, None
+    position.regrouped = False
+    return begin

@@ -1,0 +1,60 @@
+"""The engine's evaluation: a validation_step over every sample once, and the epoch's validation
+of the trained and the averaged weights. BaseTrainer.evaluate and .validate call these; test.py
+calls evaluate through its trainer."""
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from utils import unwrap_model
+from utils.data.batches import to_device
+from utils.distributed.process_group import sync_buffers
+from utils.evaluation.confusion import ConfusionMatrix
+from utils.evaluation.metric_sums import MetricSums
+
+if TYPE_CHECKING:
+    from base.base_trainer import BaseTrainer
+
+
+@torch.no_grad()
+def evaluate(
+    trainer: "BaseTrainer", loader: Any, prefix: str, observe: Any = None
+) -> dict[str, float]:
+    """validation_step over every sample of `loader` exactly once, summed over the ranks;
+    `observe(result)` sees each step's StepOutput (test.py counts per-class hits)."""
+    trainer.model.eval()
+    sums = MetricSums(trainer.metric_fns, trainer.device)
+    for batch in loader:
+        batch = to_device(batch, trainer.device, trainer.options["channels_last"])
+        with torch.autocast(trainer.device.type, trainer.amp_dtype, trainer.amp_dtype is not None):
+            result = trainer.validation_step(batch)
+        sums.add(result)
+        if observe is not None:
+            observe(result)
+    return sums.result(prefix)
+
+
+def validate(trainer: "BaseTrainer") -> dict[str, float]:
+    """The validation split through validation_step, and again with the averaged weights
+    (val/ema_<metric>); for classifiers the confusion matrix is counted on the way."""
+    if trainer.val_loader is None:
+        return {}
+    # Rank 0's BatchNorm statistics on every rank: the distributed validation then equals
+    # test.py evaluating rank 0's checkpoint in one process.
+    sync_buffers(unwrap_model(trainer.model))
+    # Classifiers (data with class names) count their confusion matrix on the device.
+    num_classes = len(trainer.data.class_names())
+    trainer.confusion = ConfusionMatrix(num_classes, trainer.device) if num_classes else None
+    observe = trainer.confusion.add if trainer.confusion is not None else None
+    metrics = trainer.evaluate(trainer.val_loader, "val", observe)
+    del metrics["val/num_samples"]  # the same every epoch: logged once at the start
+    if trainer.ema is not None:  # the averaged weights on the same data: val/ema_<metric>
+        sync_buffers(trainer.ema.module)
+        trained, trainer.model = trainer.model, trainer.ema.module  # what validation_step runs
+        try:
+            averaged = trainer.evaluate(trainer.val_loader, "val")
+        finally:
+            trainer.model = trained
+        del averaged["val/num_samples"]
+        metrics.update({key.replace("val/", "val/ema_"): value for key, value in averaged.items()})
+    return metrics
