@@ -101,7 +101,8 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     from build import input_transform, load_inference_model, weights_note
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
-    print(f"{args.resume}: {weights_note(state)}")
+    if state.get("ema"):  # a choice was made: say which
+        print(f"{args.resume}: {weights_note(state)}")
     # Random images through the run's own evaluation transform: inputs of the exact shape and
     # value range the model sees. (B, C, H, W), fp32, on the CPU.
     transform = input_transform(config)

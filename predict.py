@@ -131,7 +131,8 @@ def predict(args: argparse.Namespace, paths: list[Path]) -> list[dict]:
     from utils.distributed.device import capabilities, select_device
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
-    print(f"{args.resume}: {weights_note(state)}", file=sys.stderr)  # stdout: the predictions
+    if state.get("ema"):  # a choice was made: say which (stdout holds the predictions)
+        print(f"{args.resume}: {weights_note(state)}", file=sys.stderr)
     transform = input_transform(config)
     # The device of this machine ("auto" with the run's n_gpu, whatever device the run named:
     # a checkpoint predicts anywhere); the run's autocast precision where it runs here, and
