@@ -1,0 +1,129 @@
+"""The epoch sampler: an order that depends only on (seed, epoch, pass), shared out to ranks;
+and the transformed view of a dataset that the loaders read in that order."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from utils.util import derive_seed
+
+
+class EpochSampler(Sampler[int]):
+    """Yields `indices` in an order that depends only on (seed, epoch, pass), never on global RNG.
+
+    One sequence for all ranks together is drawn from a generator seeded by (seed, epoch, pass):
+    `indices` in order (shuffle False); a permutation of them (shuffle True); uniform draws
+    (replacement True); or draws with probability proportional to `weights`, with replacement
+    (what torch's WeightedRandomSampler does). It is num_samples long, by default
+    len(indices); without replacement a longer one is several permutations in a row.
+
+    Each rank takes every num_replicas-th position of that sequence, so the shares are disjoint
+    and weighted draws keep their class balance over all ranks together. `pad` repeats the
+    first positions until every rank has the same count (training needs equal step counts under
+    DDP); evaluation leaves it off so every sample is counted exactly once.
+    """
+
+    def __init__(
+        self,
+        indices: Sequence[int],
+        *,
+        shuffle: bool,
+        seed: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        pad: bool = False,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        weights: Sequence[float] | None = None,
+    ) -> None:
+        # Draws of any kind are random: without shuffle there is only the given order.
+        assert shuffle or (not replacement and num_samples is None and weights is None)
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.pad = pad
+        self.replacement = replacement
+        # Nothing to draw from gives nothing, whatever num_samples asks for.
+        self.num_samples = 0 if len(self.indices) == 0 else (num_samples or len(self.indices))
+        self.weights = None if weights is None else np.asarray(weights, dtype=np.float64)
+        self.epoch = 0
+        self.pass_index = 0
+        self.skip = 0
+        # Handed to the DataLoader, which draws its worker base seed from it rather than from
+        # the global RNG: worker seeds follow (seed, epoch, pass), and a mid-epoch resume that
+        # restores the global RNG state is not thrown off by a new iterator's seed draw.
+        self.generator = torch.Generator()
+
+    def set_epoch(self, epoch: int, pass_index: int = 0, skip: int = 0) -> None:
+        """Choose the order for this epoch (and pass, when an epoch spans several passes).
+
+        `skip`: the first positions of the pass's order that all ranks together have already
+        trained (a mid-epoch resume, in any batch geometry); the rest is shared out.
+        """
+        self.epoch = epoch
+        self.pass_index = pass_index
+        self.skip = skip
+        self.generator.manual_seed(derive_seed(self.seed, epoch, pass_index, self.rank))
+
+    def global_order(self, epoch: int, pass_index: int = 0) -> np.ndarray:
+        """The sequence of (epoch, pass) for all ranks together, before padding and sharding."""
+        if not self.shuffle or self.num_samples == 0:
+            return self.indices
+        generator = np.random.default_rng([self.seed, epoch, pass_index])
+        count = len(self.indices)
+        if self.weights is not None:
+            probabilities = self.weights / self.weights.sum()
+            positions = generator.choice(count, size=self.num_samples, p=probabilities)
+        elif self.replacement:
+            positions = generator.integers(count, size=self.num_samples)
+        else:
+            num_permutations = -(-self.num_samples // count)
+            permutations = [generator.permutation(count) for _ in range(num_permutations)]
+            positions = np.concatenate(permutations)[: self.num_samples]
+        return self.indices[positions]
+
+    @property
+    def start(self) -> int:
+        """This rank's indices of the pass skipped (exact when `skip` is a multiple of the
+        number of ranks, as when the geometry did not change)."""
+        return self.skip // self.num_replicas
+
+    def __iter__(self) -> Any:
+        order = self.global_order(self.epoch, self.pass_index)
+        rest = order[self.skip :]
+        if self.pad and len(rest) % self.num_replicas:
+            # The padding repeats the pass's first positions, with or without a skip that is a
+            # multiple of the ranks: a resume shares out exactly what the epoch would have.
+            extra = self.num_replicas - len(rest) % self.num_replicas
+            rest = np.concatenate([rest, np.resize(order, extra)])
+        return iter(rest[self.rank :: self.num_replicas].tolist())
+
+    def share(self, skip: int = 0) -> int:
+        """This rank's number of indices in the pass after the first `skip` positions."""
+        rest = max(self.num_samples - skip, 0)
+        if self.pad:
+            return -(-rest // self.num_replicas)
+        return len(range(self.rank, rest, self.num_replicas))
+
+    def __len__(self) -> int:
+        return self.share()
+
+
+class TransformedDataset(Dataset):
+    """A view of `dataset` with `transform` applied to each image; shares the underlying data."""
+
+    def __init__(self, dataset: Dataset, transform: Callable) -> None:
+        self.dataset = dataset
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.dataset[index]
+        return self.transform(image), label
