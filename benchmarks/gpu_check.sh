@@ -110,6 +110,12 @@ print(f'python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.
 if torch.cuda.is_available():
     print('bf16 supported:', torch.cuda.is_bf16_supported())
 "
+if [[ $mode == gpu ]] &&
+    ! timeout 120 "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+    echo "error: no CUDA device here (torch.cuda.is_available() is False): this check needs a"
+    echo "GPU; bash benchmarks/gpu_check.sh --cpu runs the same commands on the CPU"
+    exit 2
+fi
 
 run_step "throughput.py on $device" 240 \
     "$PYTHON" benchmarks/throughput.py --device "$device" "${throughput_args[@]}"

@@ -15,6 +15,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DIR = ROOT.parent / "shared" / "data" / "cifar10-sample"
+# Named as seen from the repository: a fresh clone has no ../shared.
+NO_SAMPLE = "no real-image sample in ../shared/data/cifar10-sample (beside the repository)"
 
 # Make the project importable from the tests, as train.py sees it.
 if str(ROOT) not in sys.path:
@@ -35,20 +37,16 @@ def _detach_log_handlers():
     root.setLevel(level)
 
 
-# Global switches tests may flip (configure_torch, set_tf32): (object, attribute).
-TORCH_FLAGS = [
-    (torch.backends.cudnn, "benchmark"),
-    *[
-        (owner, "fp32_precision")
-        for owner in (
-            torch.backends.cuda.matmul,
-            torch.backends.cudnn.conv,
-            torch.backends.cudnn.rnn,
-        )
-        if hasattr(owner, "fp32_precision")
-    ],
-]
-if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch < 2.9: the older flags
+# Global switches tests may flip (configure_torch, set_tf32): (object, attribute). torch >= 2.9
+# has the per-backend fp32_precision settings, older torch only the allow_tf32 flags.
+TORCH_FLAGS = [(torch.backends.cudnn, "benchmark")]
+for owner in ("cuda.matmul", "cudnn.conv", "cudnn.rnn"):
+    found = torch.backends
+    for part in owner.split("."):
+        found = getattr(found, part, None)
+    if found is not None and hasattr(found, "fp32_precision"):
+        TORCH_FLAGS.append((found, "fp32_precision"))
+if len(TORCH_FLAGS) == 1:
     TORCH_FLAGS += [
         (torch.backends.cuda.matmul, "allow_tf32"),
         (torch.backends.cudnn, "allow_tf32"),

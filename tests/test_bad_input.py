@@ -17,6 +17,10 @@ import pytest
 import torch
 from conftest import ROOT, checkpoint_dirs, run_script, shrink
 
+import data_loader.data_loaders as data_module
+import model.loss as loss_module
+import model.metric as metric_module
+import model.model as arch_module
 import train
 
 
@@ -44,6 +48,12 @@ def trained_saved_dir(tmp_path_factory):
     assert result.returncode == 0, result.stderr
     assert [path.name for path in checkpoint_dirs(root / "saved")] == ["base"]
     return root / "saved"
+
+
+def available(module: object) -> str:
+    """What an unknown-name error lists: the module's __all__, as the copy holds it (a model,
+    loss, metric or loader added there the documented way keeps these cases true)."""
+    return ", ".join(sorted(module.__all__))
 
 
 @dataclass
@@ -236,7 +246,7 @@ CASES = [
     case(
         "train",
         lambda env: ["-c", env.config(), "--set", "optimizer.args.momentum=0.9"],
-        "{tmp}/case.json: optimizer.args: got an unexpected keyword argument 'momentum'",
+        "{tmp}/case.json: optimizer.args: unknown key 'momentum' for Adam (known: amsgrad, ",
         case_id="unexpected-optimizer-arg",
     ),
     case(
@@ -269,7 +279,7 @@ CASES = [
         "train",
         lambda env: ["-c", env.config(**{"arch.type": "ResNet9"})],
         "{tmp}/case.json: arch.type: unknown name 'ResNet9' in model.model "
-        "(available: CifarCNN, DenoisingCNN, TorchvisionModel)",
+        f"(available: {available(arch_module)})",
         case_id="unknown-arch",
     ),
     case(
@@ -282,22 +292,21 @@ CASES = [
         "train",
         lambda env: ["-c", env.config(**{"loss": "hinge"})],
         "{tmp}/case.json: loss: unknown name 'hinge' in model.loss "
-        "(available: cross_entropy, mse_loss, nll_loss)",
+        f"(available: {available(loss_module)})",
         case_id="unknown-loss",
     ),
     case(
         "train",
         lambda env: ["-c", env.config(**{"metrics": ["accuracy", "f1"]})],
         "{tmp}/case.json: metrics[1]: unknown name 'f1' in model.metric "
-        "(available: accuracy, psnr, top_5_acc, top_k_acc)",
+        f"(available: {available(metric_module)})",
         case_id="unknown-metric",
     ),
     case(
         "train",
         lambda env: ["-c", env.config(**{"data_loader.type": "MnistDataLoader"})],
         "{tmp}/case.json: data_loader.type: unknown name 'MnistDataLoader' in "
-        "data_loader.data_loaders (available: Cifar10DataLoader, ImageFolderDataLoader, "
-        "NoisyShapesDataLoader, SyntheticDataLoader)",
+        f"data_loader.data_loaders (available: {available(data_module)})",
         case_id="unknown-data-loader",
     ),
     case(
