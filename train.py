@@ -114,6 +114,7 @@ def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -
     # folder (leftovers cleared, a timeline left behind set aside).
     point = on_rank0(find_resume_point, config)
     trainer.resume(point)
+    trainer.check_first_batch()  # the data's dtypes and shapes against the model and the loss
     on_rank0(prepare_run_folder, config, point)
     setup_logging(config.log_dir, verbosity=verbosity, rank=info.rank)
     trainer.fit()

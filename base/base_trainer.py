@@ -10,19 +10,18 @@ import contextlib
 import functools
 import logging
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from base.base_data_loader import BaseDataLoader
+from base.checks import check_first_batch
 from base.evaluation import evaluate, validate
-from base.intervals import log_interval, skip_step
+from base.intervals import Progress, log_interval, skip_step
 from logger import Loggers, check_logger_packages, open_loggers
 from utils import amp_dtype, derive_seed, seed_everything, unwrap_model
 from utils.data.batches import (
@@ -137,6 +136,10 @@ class BaseTrainer(abc.ABC):
     def on_train_start(self) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Called once before the first epoch, after the loggers are open (data, sizes, images)."""
 
+    def check_first_batch(self) -> None:
+        """One training batch through training_step, before anything is written (base/checks.py)."""
+        check_first_batch(self)
+
     def resume(self, point: ResumePoint | Path) -> None:
         """Start at a checkpoint (utils/state/resume.py decides what of it this run can take)."""
         if isinstance(point, Path):
@@ -195,9 +198,12 @@ class BaseTrainer(abc.ABC):
         in_top_k, dropped = self.monitor.rank_top_k(metrics, epoch)
         # One x-axis for every curve: the optimizer step.
         self.loggers.log_epoch(metrics, step=self.global_step, epoch=epoch)
-        summary = "  ".join(f"{key} {value:.4g}" for key, value in metrics.items())
+        shown = {key: value for key, value in metrics.items() if not key.startswith("time/")}
+        summary = "  ".join(f"{key} {value:.4g}" for key, value in shown.items() if key != "lr")
+        seconds, rate = metrics["time/epoch_seconds"], metrics["time/train_samples_per_second"]
+        timing = f"({seconds:.1f} s, {rate:.4g} samples/s, lr {learning_rate:.4g})"
         best = "  *best*" if improved else ""
-        self.logger.info("epoch %d/%d  %s%s", epoch, self.epochs, summary, best)
+        self.logger.info("epoch %d/%d  %s  %s%s", epoch, self.epochs, summary, timing, best)
         # A signal that came during validation: every rank must agree to stop here. The agreed
         # value decides, not self.stop.signum: a signal that lands just after the agreement
         # reaches one rank first, which alone would then stop. It stays pending instead.
@@ -227,9 +233,7 @@ class BaseTrainer(abc.ABC):
             begin.skip_samples,
         )
         sums = MetricSums(self.metric_fns, self.device, begin.sums if self.rank == 0 else None)
-        quiet = self.options["verbosity"] == 0 or self.rank != 0 or not sys.stderr.isatty()
-        progress = tqdm(total=last_step, initial=first_batch, disable=quiet, leave=False)
-        progress.set_description(f"epoch {epoch}/{self.epochs}")
+        progress = Progress(self, epoch, first_batch, last_step)  # a bar, or lines for a pipe
         data_wait, stop_signum = DataWait(), 0
         at_resume_point = functools.partial(restore_rng, self, epoch, first_batch)
         ordered = epoch_batches(

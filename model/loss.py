@@ -21,5 +21,19 @@ def nll_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error, e.g. between a denoised and a clean image, both (B, C, H, W)."""
+    """Mean squared error between two tensors of one shape: a denoised and a clean image, both
+    (B, C, H, W), or a regression's predictions and targets, (B, 1) and (B, 1)."""
+    same_shape(output, target, "mse_loss")
     return F.mse_loss(output, target)
+
+
+def same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> None:
+    """Refuse an output and a target of other shapes, which would broadcast: (B, 1) against (B,)
+    is a (B, B) comparison, a loss that trains and learns nothing. A loss of your own can call
+    it too; the first batch's check reports the ValueError in one line."""
+    if output.shape != target.shape:
+        raise ValueError(
+            f"{name}: the output {tuple(output.shape)} and the target {tuple(target.shape)} "
+            "differ in shape and would broadcast; give the target the output's shape (for one "
+            "value a sample: targets (B, 1), e.g. target.unsqueeze(1) in the dataset)"
+        )

@@ -1,0 +1,76 @@
+"""What the engine checks of the data and the model before anything is written: the first
+training batch, through the task's own training_step (a mistake in the data's dtypes or shapes
+then stops the run in one line, not after an epoch, nor by training on nothing)."""
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from utils import unwrap_model
+from utils.data.batches import to_device
+from utils.util import DataError, describe_error
+
+if TYPE_CHECKING:
+    from base.base_trainer import BaseTrainer
+
+
+def tensors(batch: Any) -> list[torch.Tensor]:
+    """The tensors of a batch (tuples, lists and dicts of them)."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        return [tensor for item in batch for tensor in tensors(item)]
+    return []
+
+
+def describe(batch: Any) -> str:
+    """ "(32, 13) float32, (32,) int64": the shape and dtype of each tensor of a batch."""
+    return ", ".join(
+        f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors(batch)
+    )
+
+
+def check_first_batch(trainer: "BaseTrainer") -> None:
+    """One training batch through training_step (no gradients, evaluation mode, the random
+    state untouched): float64 data, float labels for a classifier, and a batch the model or
+    the loss refuses (a RuntimeError or ValueError: a shape or dtype that does not fit) are a
+    DataError naming what came. Any other exception is a bug in your code: it propagates."""
+    loader = trainer.train_loader
+    try:
+        batch = next(iter(loader))
+    except StopIteration:
+        return  # no batch: check_loaders already refused empty data
+    where = f"the first training batch ({describe(batch)})"
+    if any(tensor.dtype == torch.float64 for tensor in tensors(batch)):
+        raise DataError(
+            f"{where}: float64 data, where the model computes in float32; convert it in the "
+            "dataset, e.g. torch.as_tensor(values, dtype=torch.float32)"
+        )
+    num_classes = getattr(unwrap_model(trainer.model), "num_classes", None)
+    if num_classes is not None and isinstance(batch, list | tuple) and len(batch) == 2:
+        targets = batch[1]
+        if isinstance(targets, torch.Tensor) and targets.is_floating_point() and targets.dim() == 1:
+            raise DataError(
+                f"{where}: a classifier's labels are class indices, int64 (B,); these are "
+                f"{str(targets.dtype).removeprefix('torch.')}: convert them in the dataset"
+            )
+    if trainer.options["compile"]:
+        return  # a forward here would compile a graph of its own, for nothing
+    model = trainer.model
+    training = model.training
+    device = trainer.device
+    forked = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=forked), torch.no_grad():
+            model.eval()
+            moved = to_device(batch, device, trainer.options["channels_last"])
+            with torch.autocast(device.type, trainer.amp_dtype, trainer.amp_dtype is not None):
+                trainer.training_step(moved)
+    except (RuntimeError, ValueError) as error:
+        raise DataError(
+            f"{where} does not fit the model or the loss: {describe_error(error)}"
+        ) from None
+    finally:
+        model.train(training)
