@@ -11,7 +11,9 @@ import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -49,6 +51,31 @@ def build_loss(config: ConfigParser) -> Callable:
     except TypeError as error:
         raise ConfigError(f"{config.source}: loss.args: {error}") from None
     return functools.partial(function, **args)
+
+
+def build_metrics(config: ConfigParser, device: torch.device) -> dict[str, Any]:
+    """config["metrics"]: each a name in model/metric.py, or {"type": NAME, "args": {...}}. A
+    function (a per-sample sum; args bound with functools.partial) or a class, built with its
+    args: a StatefulMetric, or torchmetrics' Metric (moved to the device), keyed by its name."""
+    metrics = {}
+    for index, entry in enumerate(config["metrics"]):
+        name, args = (
+            (entry, {}) if isinstance(entry, str) else (entry["type"], entry.get("args", {}))
+        )
+        where = f"metrics[{index}]"
+        target = config.lookup(metric_module, name, f"{where}.type" if args else where)
+        try:
+            inspect.signature(target).bind(
+                *([] if inspect.isclass(target) else [None, None]), **args
+            )
+        except TypeError as error:
+            raise ConfigError(f"{config.source}: {where}.args: {error}") from None
+        if inspect.isclass(target):
+            metric = target(**args)
+            metrics[name] = metric.to(device) if hasattr(metric, "to") else metric
+        else:
+            metrics[name] = functools.partial(target, **args) if args else target
+    return metrics
 
 
 def log_learning_rates(
@@ -108,15 +135,14 @@ def build_trainer(
     # Downloads (and decoded-image caches) happen once per node, before any rank reads them.
     once_per_node(data.prepare_data, info)
     model = config.init_obj("arch", arch_module)
+    if training and isinstance(model, BaseModel):  # what it takes from the training data
+        model.fit_data(data)
     freeze(config, model)
     model = model.to(device)
     if info.world_size > 1 and config["distributed"]["sync_bn"]:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     criterion = build_loss(config)
-    metric_fns = {
-        name: config.lookup(metric_module, name, f"metrics[{index}]")
-        for index, name in enumerate(config["metrics"])
-    }
+    metric_fns = build_metrics(config, device)
     optimizer = None
     if training:
         optimizer = build_optimizer(config, model, device, info.world_size)
@@ -168,6 +194,19 @@ def weights_note(state: dict) -> str:
     monitor = (state.get("config") or {}).get("trainer", {}).get("monitor", "")
     why = f" (trainer.monitor {monitor!r} judged them)" if state.get("weights") == "ema" else ""
     return f"the averaged weights{why}"
+
+
+def example_inputs(config: ConfigParser, model: torch.nn.Module, batch_size: int) -> torch.Tensor:
+    """A batch of inputs like the model's, from the checkpoint alone: random images (B, C, H, W)
+    through the run's evaluation transform, or for other data what its loader's classmethod
+    example_inputs(args, model, batch_size) makes (e.g. random rows, (B, in_features))."""
+    section = config["data_loader"]
+    loader_class = config.lookup(data_module, section["type"], "data_loader.type")
+    if hasattr(loader_class, "example_inputs"):
+        return loader_class.example_inputs(section["args"], model, batch_size)
+    transform = input_transform(config)
+    pixels = np.random.default_rng(0).integers(0, 256, (batch_size, 64, 64, 3), np.uint8)
+    return torch.stack([transform(image) for image in pixels])  # (B, C, H, W) float32
 
 
 def input_transform(config: ConfigParser) -> Callable:

@@ -23,6 +23,7 @@ from utils.config.config_checks import (
     DEVICE,
     FOLDS,
     INTERVAL,
+    METRICS,
     NAME,
     NON_NEGATIVE_INT,
     NON_NEGATIVE_NUMBER,
@@ -36,7 +37,6 @@ from utils.config.config_checks import (
     SAMPLER,
     SMOOTHING,
     STRING,
-    STRING_LIST,
     VALIDATION_SPLIT,
     Marker,
     key,
@@ -86,7 +86,9 @@ class DataLoaderArgs:
     )
     num_workers: int = key(0, NON_NEGATIVE_INT, "DataLoader worker processes")
     pin_memory: bool = key(False, BOOL, "page-locked host memory for faster copies to the GPU")
-    persistent_workers: bool = key(False, BOOL, "keep worker processes between epochs")
+    persistent_workers: bool = key(
+        True, BOOL, "keep worker processes between epochs (with `num_workers` > 0)"
+    )
     prefetch_factor: int | None = key(
         None, optional(POSITIVE_INT), "batches each worker loads ahead; `null`: PyTorch's 2"
     )
@@ -215,7 +217,11 @@ class Config:
     loss: str | LossSection = key(
         REQUIRED, STRING, 'a function name from `model/loss.py`, or {"type": NAME, "args": {...}}'
     )
-    metrics: list[str] = key([], STRING_LIST, "function names from `model/metric.py`")
+    metrics: list[str | dict] = key(
+        [],
+        METRICS,
+        'names from `model/metric.py` (functions or metric classes), or {"type": NAME, "args": {...}}',
+    )
     lr_scheduler: SchedulerSection | None = key(None, None, "a `torch.optim.lr_scheduler` class")
     trainer: TrainerConfig = key(REQUIRED, None, "the training loop")
     batch_mixing: BatchMixingConfig = key({}, None, "MixUp / CutMix; off by default")

@@ -1,8 +1,11 @@
-"""The training loop's two checks between steps: every log_step batches, its one host-device
-sync (the running loss for the loggers, the non-finite and stop flags agreed by every rank);
-and with trainer.nonfinite "skip", dropping a batch whose loss is not finite. BaseTrainer's
-train_epoch calls both."""
+"""The training loop's checks between steps: every log_step batches, its one host-device sync
+(the running loss for the loggers and the progress, the non-finite and stop flags agreed by
+every rank); with trainer.nonfinite "skip", dropping a batch whose loss is not finite; and the
+progress, a bar on a terminal or a short line now and then in a pipe. BaseTrainer's
+train_epoch uses all three."""
 
+import sys
+import time
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
@@ -14,8 +17,42 @@ if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
 
 
+class Progress:
+    """The epoch's progress on rank 0: a tqdm bar on a terminal; without one (a pipe, a cluster's
+    log, CI) a line every trainer.progress_seconds at a log_step read, with the step, the
+    running loss and the samples per second since the last line. Nothing at verbosity 0."""
+
+    def __init__(
+        self, trainer: "BaseTrainer", epoch: int, first_batch: int, last_step: int
+    ) -> None:
+        shown = trainer.options["verbosity"] > 0 and trainer.rank == 0
+        self.bar = shown and sys.stderr.isatty()
+        self.every = trainer.options["progress_seconds"] if shown and not self.bar else None
+        self.trainer, self.epoch, self.last_step = trainer, epoch, last_step
+        self.tqdm = tqdm(total=last_step, initial=first_batch, disable=not self.bar, leave=False)
+        self.tqdm.set_description(f"epoch {epoch}/{trainer.epochs}")
+        self.since, self.batch_at = time.perf_counter(), first_batch
+
+    def update(self, step: int, loss: float) -> None:
+        self.tqdm.set_postfix(loss=f"{loss:.4f}")
+        self.tqdm.update(step - self.tqdm.n)
+        now = time.perf_counter()
+        if self.every is None or now - self.since < self.every or step == self.last_step:
+            return
+        loader = self.trainer.train_loader
+        samples = (step - self.batch_at) * loader.batch_size * self.trainer.data.num_replicas
+        self.trainer.logger.info(
+            "epoch %d/%d  batch %d/%d  loss %.4g  %.4g samples/s",
+            self.epoch, self.trainer.epochs, step, self.last_step, loss, samples / (now - self.since),
+        )  # fmt: skip
+        self.since, self.batch_at = now, step
+
+    def close(self) -> None:
+        self.tqdm.close()
+
+
 def log_interval(
-    trainer: "BaseTrainer", epoch: int, step: int, sums: MetricSums, progress: tqdm
+    trainer: "BaseTrainer", epoch: int, step: int, sums: MetricSums, progress: Progress
 ) -> int:
     """The one host-device sync of the loop, every log_step steps: the running loss, and
     the fault and stop flags agreed by every rank. Returns the agreed stop signal (0: none)."""
@@ -31,8 +68,7 @@ def log_interval(
     if trainer.step_per_batch:
         values["train/lr"] = trainer.optimizer.param_groups[0]["lr"]
     trainer.loggers.log_step(values, step=trainer.global_step, epoch=epoch, batch=step)
-    progress.set_postfix(loss=f"{interval_loss:.4f}")
-    progress.update(step - progress.n)
+    progress.update(step, interval_loss)
     return stop_signum
 
 

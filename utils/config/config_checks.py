@@ -57,6 +57,24 @@ STRING_LIST: Check = (
     lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v),
     "a list of strings",
 )
+# metrics: names, or {"type": NAME, "args": {...}} for a metric with arguments.
+METRICS: Check = (
+    lambda v: (
+        isinstance(v, list)
+        and all(
+            isinstance(item, str)
+            or (
+                isinstance(item, dict)
+                and set(item) <= {"type", "args"}
+                and isinstance(item.get("type"), str)
+                and isinstance(item.get("args", {}), dict)
+            )
+            for item in v
+        )
+        and len(metric_names(v)) == len(set(metric_names(v)))
+    ),
+    'a list of distinct metric names or {"type": NAME, "args": {...}}',
+)
 VERBOSITY: Check = (lambda v: v in (0, 1, 2) and not isinstance(v, bool), "0, 1 or 2")
 # A fraction of the training set in [0, 1), or a number of samples.
 VALIDATION_SPLIT: Check = (
@@ -136,3 +154,8 @@ def key(default: Any, check: Check | None, doc: str) -> Any:
     if isinstance(default, dict | list):  # a fresh copy for each instance
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=None if default is OPTIONAL else default, metadata=metadata)
+
+
+def metric_names(metrics: list) -> list[str]:
+    """The names of the config's metrics (their keys: val/<name>), entries given either way."""
+    return [item if isinstance(item, str) else item.get("type") for item in metrics]

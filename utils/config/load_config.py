@@ -23,7 +23,7 @@ from config_schema import (
     Section,
     TrainerConfig,
 )
-from utils.config.config_checks import PREFIX_LIST, Check
+from utils.config.config_checks import PREFIX_LIST, Check, metric_names
 from utils.config.monitor import parse_monitor
 from utils.util import ConfigError
 
@@ -132,7 +132,7 @@ def validate(config: dict, source: str) -> dict:
     config = with_defaults(config)
     _check_section(config, Config, "", source)
     ema = config["trainer"]["ema_decay"] is not None
-    parse_monitor(config["trainer"]["monitor"], config["metrics"], source, ema=ema)
+    parse_monitor(config["trainer"]["monitor"], metric_names(config["metrics"]), source, ema=ema)
     return config
 
 

@@ -10,6 +10,7 @@ from utils.config.config_checks import (
     COMPILE_MODE,
     LOGGERS,
     NON_NEGATIVE_INT,
+    NON_NEGATIVE_NUMBER,
     NONFINITE,
     POSITIVE_INT,
     POSITIVE_NUMBER,
@@ -62,6 +63,11 @@ class TrainerConfig:
     )
     len_epoch: int | None = key(
         None, optional(POSITIVE_INT), "batches per epoch; `null`: one pass over the data"
+    )
+    progress_seconds: float = key(
+        20,
+        NON_NEGATIVE_NUMBER,
+        "without a terminal (a pipe, a log file): a progress line at most this often; `0`: at every `log_step` read",
     )
     log_step: int = key(
         10, POSITIVE_INT, "batches between reads of the running loss: the loop's only host sync"

@@ -1,5 +1,6 @@
 """What a step returns, and the exact, sample-weighted sums the engine keeps of it."""
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,8 +11,41 @@ from utils.distributed.device import capabilities
 from utils.distributed.process_group import all_reduce_max, all_reduce_sum
 
 # A metric takes a step's output and target and returns the SUM of a per-sample score over the
-# batch, as a 0-d tensor on the batch's device (model/metric.py).
+# batch, as a 0-d tensor on the batch's device (model/metric.py); or it is a StatefulMetric, or
+# an object with torchmetrics' update(output, target), compute() and reset().
 MetricFn = Callable[[Any, Any], torch.Tensor]
+
+
+class StatefulMetric(abc.ABC):
+    """A metric that is not a mean of per-sample scores (RMSE, R², F1): `num_sums` sums that add
+    up over batches and ranks, and its value computed from the epoch's totals. The engine keeps
+    them with its own sums (on the device, float64, summed over the ranks, in a mid-epoch
+    checkpoint), so the value is exact however the batches and the ranks were cut. Subclass it
+    in model/metric.py; an instance holds no state, so one serves every epoch and split."""
+
+    num_sums: int = 1
+
+    @abc.abstractmethod
+    def batch_sums(self, output: Any, target: Any) -> torch.Tensor:
+        """This batch's sums: a 1-D tensor of num_sums values on the batch's device."""
+
+    @abc.abstractmethod
+    def compute(self, sums: list[float]) -> float:
+        """The metric from the sums of every batch of every rank."""
+
+
+def num_slots(metric: Any) -> int:
+    """How many of the engine's sums a metric takes: its num_sums (StatefulMetric), none for an
+    object that keeps its own state (torchmetrics' Metric), else one (a per-sample sum)."""
+    if isinstance(metric, StatefulMetric):
+        return metric.num_sums
+    return 0 if keeps_own_state(metric) else 1
+
+
+def keeps_own_state(metric: Any) -> bool:
+    """torchmetrics' Metric and the like: update(output, target), compute(), reset(); they sum
+    themselves over the ranks in compute(). Their state is not in mid-epoch checkpoints."""
+    return all(hasattr(metric, name) for name in ("update", "compute", "reset"))
 
 
 @dataclass
@@ -50,8 +84,13 @@ class MetricSums:
         initial: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.metric_fns = metric_fns
+        for metric in metric_fns.values():
+            if keeps_own_state(metric):
+                metric.reset()
         self.dtype = torch.float64 if capabilities(device).float64 else torch.float32
-        self.totals = torch.zeros(len(metric_fns) + 2, dtype=self.dtype, device=device)
+        # [loss x batch size, each metric's slots..., number of samples]
+        num_sums = sum(num_slots(metric) for metric in metric_fns.values()) + 2
+        self.totals = torch.zeros(num_sums, dtype=self.dtype, device=device)
         self.error = None if self.dtype == torch.float64 else torch.zeros_like(self.totals)
         self.logged = [0.0] * len(self.totals)  # the sums at the last read_interval, on the host
         if initial is not None:  # the sums a mid-epoch checkpoint saved (float64, on the CPU)
@@ -70,9 +109,15 @@ class MetricSums:
         size = step.batch_size if step.batch_size is not None else len(step.target)
         # torch.full fills on the device; a host scalar copied over would wait for the GPU.
         batch_size = torch.full((), size, dtype=self.dtype, device=self.totals.device)
-        sums = [step.loss.detach().to(self.dtype) * batch_size]
-        sums += [fn(step.output, step.target).to(self.dtype) for fn in self.metric_fns.values()]
-        self.accumulate(torch.stack([*sums, batch_size]))
+        sums = [(step.loss.detach().to(self.dtype) * batch_size).reshape(1)]
+        for metric in self.metric_fns.values():
+            if isinstance(metric, StatefulMetric):
+                sums.append(metric.batch_sums(step.output, step.target).to(self.dtype).reshape(-1))
+            elif keeps_own_state(metric):
+                metric.update(step.output, step.target)
+            else:
+                sums.append(metric(step.output, step.target).to(self.dtype).reshape(1))
+        self.accumulate(torch.cat([*sums, batch_size.reshape(1)]))
         is_new_fault = ~torch.isfinite(step.loss.detach()) & (self.first_nonfinite == 0)
         self.first_nonfinite = torch.where(is_new_fault, index, self.first_nonfinite)
 
@@ -126,15 +171,24 @@ class MetricSums:
     def result(self, prefix: str) -> dict[str, float]:
         """{"<prefix>/loss": ..., "<prefix>/<metric>": ..., "<prefix>/num_samples": n} over every
         rank (a collective)."""
-        return to_metrics(self.all_ranks(), list(self.metric_fns), prefix)
+        return to_metrics(self.all_ranks(), self.metric_fns, prefix)
 
 
-def to_metrics(totals: torch.Tensor, names: list[str], prefix: str) -> dict[str, float]:
-    """Summed [loss, metrics..., count] as sample-weighted means."""
+def to_metrics(totals: torch.Tensor, metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+    """Summed [loss, metric slots..., count] as the metrics: per-sample sums as sample-weighted
+    means, a StatefulMetric from its sums, an object with its own state from its compute()."""
     values = totals.tolist()
-    num_samples = values[-1]
-    metrics = {f"{prefix}/loss": values[0] / num_samples}
-    for name, value in zip(names, values[1:-1], strict=True):
-        metrics[f"{prefix}/{name}"] = value / num_samples
-    metrics[f"{prefix}/num_samples"] = num_samples
-    return metrics
+    num_samples, offset = values[-1], 1
+    result = {f"{prefix}/loss": values[0] / num_samples}
+    for name, metric in metrics.items():
+        size = num_slots(metric)
+        if isinstance(metric, StatefulMetric):
+            result[f"{prefix}/{name}"] = metric.compute(values[offset : offset + size])
+        elif size == 0:
+            result[f"{prefix}/{name}"] = float(metric.compute())
+            metric.reset()
+        else:
+            result[f"{prefix}/{name}"] = values[offset] / num_samples
+        offset += size
+    result[f"{prefix}/num_samples"] = num_samples
+    return result
