@@ -95,19 +95,16 @@ def require_onnx() -> None:
 
 
 def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
-    import numpy as np
     import torch
 
-    from build import input_transform, load_inference_model, weights_note
+    from build import example_inputs, load_inference_model, weights_note
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which
         print(f"{args.resume}: {weights_note(state)}")
-    # Random images through the run's own evaluation transform: inputs of the exact shape and
-    # value range the model sees. (B, C, H, W), fp32, on the CPU.
-    transform = input_transform(config)
-    pixels = np.random.default_rng(0).integers(0, 256, (args.batch_size, 64, 64, 3), np.uint8)
-    inputs = torch.stack([transform(image) for image in pixels])
+    # Inputs of the exact shape and value range the model sees, on the CPU: random images
+    # through the run's evaluation transform, or what the data loader says (example_inputs).
+    inputs = example_inputs(config, model, args.batch_size)
     with torch.no_grad():
         expected = model(inputs)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))

@@ -1,6 +1,8 @@
-"""Predict the classes of images with a checkpoint alone: no config file, no training data.
+"""Predict with a checkpoint alone (no config file, no training data): the classes of images,
+or for other data the outputs of each row its loader reads (e.g. CSV files for tabular data).
 
 python predict.py -r saved/models/<name>/<run_id>/model_best.pth photos/ cat.jpg 'more/*.png'
+python predict.py -r saved/models/Diabetes_MLP/<run_id>/model_best.pth new_patients.csv
 """
 
 import argparse
@@ -26,7 +28,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # fmt: off
     add("-r", "--resume", metavar="CKPT", required=True, help="checkpoint to predict with")
     add("inputs", nargs="+", metavar="INPUT",
-        help="an image file, a folder (searched recursively for images) or a glob")
+        help="an image file, a folder (searched recursively for images) or a glob; for other "
+        "data, a file its loader reads (tabular data: a CSV file, a row per sample)")
     add("--top-k", type=positive_int, default=5, metavar="K", help="classes per image (default 5)")
     add("--out", metavar="FILE", help="also write one row per image to FILE.csv or FILE.json")
     add("--force", action="store_true", help="let --out replace an existing file")
@@ -50,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         out = output_path(args.out, args.force)  # refused before the work, not after it
-        paths = image_paths(args.inputs)
-        rows = predict(args, paths)
+        rows, num_inputs = predict(args)
         if out is not None:
             try:
                 write_text_atomic(out, format_rows(rows, out.suffix.lower()))
@@ -60,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if len(rows) < len(paths):
+    if len(rows) < num_inputs:
         print(
-            f"error: {len(paths) - len(rows)} of {len(paths)} files could not be read (named "
+            f"error: {num_inputs - len(rows)} of {num_inputs} files could not be read (named "
             "above); the others were predicted",
             file=sys.stderr,
         )
@@ -115,7 +117,63 @@ def image_paths(inputs: list[str]) -> list[Path]:
     return sorted(found, key=lambda path: path.parts)
 
 
-def predict(args: argparse.Namespace, paths: list[Path]) -> list[dict]:
+def predict(args: argparse.Namespace) -> tuple[list[dict], int]:
+    """(one row per prediction, the number of inputs): images, or the rows the checkpoint's
+    data loader reads from each input (its classmethod read_inputs)."""
+    import data_loader.data_loaders as data_module
+    from build import load_inference_model, weights_note
+
+    model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
+    if state.get("ema"):  # a choice was made: say which (stdout holds the predictions)
+        print(f"{args.resume}: {weights_note(state)}", file=sys.stderr)
+    section = config["data_loader"]
+    loader_class = config.lookup(data_module, section["type"], "data_loader.type")
+    if hasattr(loader_class, "read_inputs"):
+        return predict_rows(args, model, config, state, loader_class), len(args.inputs)
+    paths = image_paths(args.inputs)
+    return predict_images(args, paths, model, config, state), len(paths)
+
+
+def predict_rows(
+    args: argparse.Namespace, model: object, config: object, state: dict, loader_class: type
+) -> list[dict]:
+    """For data that is not images: the rows loader_class.read_inputs reads from each input,
+    through the model; a classifier's top-k classes, else the output values of each row."""
+    import torch
+
+    from utils import UserError
+
+    rows: list[dict] = []
+    for text in args.inputs:
+        names, inputs = loader_class.read_inputs(Path(text), config["data_loader"]["args"])
+        with torch.inference_mode():
+            outputs = torch.cat(
+                [
+                    model(inputs[i : i + args.batch_size])
+                    for i in range(0, len(inputs), args.batch_size)
+                ]
+            )
+        classes = state.get("class_names") or []
+        for name, output in zip(names, outputs.float(), strict=True):
+            if classes:
+                top = output.softmax(dim=0).topk(min(args.top_k, len(classes)))
+                labels = [classes[index] for index in top.indices.tolist()]
+                rows.append({"path": name, "labels": labels, "probabilities": top.values.tolist()})
+                shown = "  ".join(
+                    f"{k} {v:.4f}" for k, v in zip(labels, top.values.tolist(), strict=True)
+                )
+            else:
+                rows.append({"path": name, "values": output.reshape(-1).tolist()})
+                shown = "  ".join(f"{value:.6g}" for value in output.reshape(-1).tolist())
+            print(f"{name}  {shown}")
+    if not rows:
+        raise UserError(f"{', '.join(args.inputs)}: no rows to predict")
+    return rows
+
+
+def predict_images(
+    args: argparse.Namespace, paths: list[Path], model: object, config: object, state: dict
+) -> list[dict]:
     """One row {"path", "labels", "probabilities"} per readable image, in the order of `paths`;
     each row is printed as it comes and each unreadable file reported on stderr."""
     import logging
@@ -124,15 +182,12 @@ def predict(args: argparse.Namespace, paths: list[Path]) -> list[dict]:
     from tqdm import tqdm
 
     from base.base_data_loader import DataError
-    from build import input_transform, load_inference_model, weights_note
+    from build import input_transform
     from data_loader.data_loaders import load_image
     from utils import UserError, amp_dtype
     from utils.data.batches import to_device
     from utils.distributed.device import capabilities, select_device
 
-    model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
-    if state.get("ema"):  # a choice was made: say which (stdout holds the predictions)
-        print(f"{args.resume}: {weights_note(state)}", file=sys.stderr)
     transform = input_transform(config)
     # The device of this machine ("auto" with the run's n_gpu, whatever device the run named:
     # a checkpoint predicts anywhere); the run's autocast precision where it runs here, and
@@ -195,11 +250,17 @@ def class_labels(state: dict, num_classes: int, path: str) -> list[str]:
 
 
 def format_rows(rows: list[dict], suffix: str) -> str:
-    """JSON: the rows as they are; CSV: path, label_1, probability_1, label_2, ..."""
+    """JSON: the rows as they are; CSV: path, label_1, probability_1, label_2, ... (or for
+    outputs that are not classes, path, value_1, value_2, ...)"""
     if suffix == ".json":
         return json.dumps(rows, indent=2) + "\n"
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
+    if rows and "values" in rows[0]:
+        width = max(len(row["values"]) for row in rows)
+        writer.writerow(["path", *(f"value_{k}" for k in range(1, width + 1))])
+        writer.writerows([row["path"], *row["values"]] for row in rows)
+        return buffer.getvalue()
     num_top = max((len(row["labels"]) for row in rows), default=0)
     ranks = range(1, num_top + 1)
     writer.writerow(["path", *(f"{name}_{k}" for k in ranks for name in ("label", "probability"))])

@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         config = ConfigParser.from_args(args)
-        results, image, global_step = evaluate_checkpoint(config, args.split, weights=args.weights)
+        results, image, global_step = evaluate_checkpoint(
+            config, args.split, weights=args.weights, confusion_png=bool(args.confusion_png)
+        )
         try:
             if args.json:  # atomic: a crash leaves the old file or the whole new one
                 write_text_atomic(Path(args.json), json.dumps(results, indent=4) + "\n")
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate_checkpoint(
-    config: "ConfigParser", split: str, *, weights: str = "auto"
+    config: "ConfigParser", split: str, *, weights: str = "auto", confusion_png: bool = False
 ) -> tuple[dict, "Image.Image | None", int]:
     """The results (as --json writes them), for classifiers the confusion matrix drawn, and the
     checkpoint's global step."""
@@ -118,6 +120,10 @@ def evaluate_checkpoint(
     device = run_device(config, logger, training=False)  # the run's, or --set device=...
     use_device(device)
     state = load_checkpoint(path, map_location="cpu")
+    if confusion_png and not state.get("class_names", True):  # refused before evaluating
+        raise UserError(
+            "--confusion-png: the data has no classes (a regression?): no confusion matrix"
+        )
     # The run's own trainer, validation step, precision and memory format: --split val
     # reproduces the validation of the run.
     trainer = build_trainer(config, ProcessInfo(), device, logger, training=False)

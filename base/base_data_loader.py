@@ -50,7 +50,7 @@ class BaseDataLoader(abc.ABC):
         fold: int | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
-        persistent_workers: bool = False,
+        persistent_workers: bool = True,
         prefetch_factor: int | None = None,
         rank: int = 0,
         num_replicas: int = 1,
@@ -119,6 +119,12 @@ class BaseDataLoader(abc.ABC):
                 ) from None
         return self._labels[split]
 
+    def training_samples(self) -> list:
+        """The untransformed pairs of the training share (without the validation data): what a
+        model's fit_data may fit its statistics on."""
+        train = self.dataset("train")
+        return [train[int(index)] for index in self.split_indices()[0]]
+
     def split_indices(self) -> tuple[np.ndarray, np.ndarray]:
         """(train, validation) indices into the training split: fold `fold` when cross-validating,
         else the validation_split share (empty without one), from a permutation seeded by seed."""
@@ -148,7 +154,10 @@ class BaseDataLoader(abc.ABC):
                 f"data_loader.args.fold: not set; choose which of the {self.folds} folds "
                 "validates, e.g. --set data_loader.args.fold=0"
             )
-        labels = self.labels("train")
+        # Stratified by class when there are classes; data without them (a regression) is
+        # dealt out in the seeded order alone.
+        num_train = len(self.dataset("train"))
+        labels = self.labels("train") if self.class_names() else np.zeros(num_train, np.int64)
         if len(labels) < self.folds:
             raise DataError(
                 f"data_loader.args.folds: {self.folds} folds need at least {self.folds} training "

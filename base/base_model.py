@@ -1,12 +1,16 @@
 """Base class for every model in model/."""
 
 import abc
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from utils import ConfigValueError
 from utils.optim.optimizer import name_prefixes, under_prefix
+
+if TYPE_CHECKING:
+    from base.base_data_loader import BaseDataLoader
 
 
 class BaseModel(nn.Module, abc.ABC):
@@ -21,6 +25,12 @@ class BaseModel(nn.Module, abc.ABC):
     @abc.abstractmethod
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         """Compute the model output (logits for the classifiers here)."""
+
+    def fit_data(self, data: "BaseDataLoader") -> None:
+        """Called once before training with the run's data loader: fit what the model takes from
+        the data, from the training split only (data.training_samples(): the untransformed
+        pairs, never validation or test data), into buffers, which checkpoints keep. E.g. the
+        statistics TabularMLP standardises its inputs and targets with."""
 
     def freeze(self, prefixes: list[str]) -> None:
         """Stop training every parameter whose name is a prefix or lies under one (whole name
@@ -55,3 +65,19 @@ class BaseModel(nn.Module, abc.ABC):
 
     def __str__(self) -> str:
         return f"{super().__str__()}\nTrainable parameters: {self.num_trainable_parameters():,}"
+
+
+def model_summary(model: nn.Module) -> str:
+    """One line per top-level block and the totals, e.g. "CifarCNN: 1,183,242 parameters
+    (1,183,242 trainable): features Sequential 1,171,552; head Linear 11,690"."""
+
+    def count(module: nn.Module) -> int:
+        return sum(parameter.numel() for parameter in module.parameters())
+
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    blocks = "; ".join(
+        f"{name} {type(child).__name__} {count(child):,}" for name, child in model.named_children()
+    )
+    return (
+        f"{type(model).__name__}: {count(model):,} parameters ({trainable:,} trainable): {blocks}"
+    )

@@ -18,6 +18,7 @@ from data_loader.image_cache import cache_path, decode_and_cache, load_cached
 from data_loader.image_loader import ImageDataLoader, load_image, load_image_tensor
 from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import SyntheticShapes
+from data_loader.tabular import TabularDataLoader
 from data_loader.transforms import IMAGE_SIZES, PRESETS, STATS
 from utils import ConfigValueError, describe_error
 from utils.data.sampler import EpochSampler
@@ -31,6 +32,7 @@ __all__ = [
     "ImageFolderDataLoader",
     "NoisyShapesDataLoader",
     "SyntheticDataLoader",
+    "TabularDataLoader",
 ]
 
 

@@ -151,7 +151,10 @@ def evaluation_transform(loader_class: type, loader_args: dict) -> Callable:
     preset = loader_args.get("preset", getattr(loader_class, "preset", None))
     if preset is None:
         raise ConfigValueError(
-            f"{loader_class.__name__} names no transform preset, so its inputs cannot be rebuilt "
-            "from the config alone; set its class attribute `preset` (data_loader/transforms.py)"
+            f"{loader_class.__name__} says neither how its inputs are made nor how to read new "
+            "ones, which predict.py and export.py rebuild from the checkpoint alone: for images, "
+            "set its class attribute `preset` (data_loader/transforms.py); for other data, give "
+            "it the classmethods read_inputs(path, args) and example_inputs(args, model, "
+            "batch_size), as TabularDataLoader does (docs/predict-export.md)"
         )
     return preset_transform(preset, False, loader_args)

@@ -1,6 +1,7 @@
 """Models a config can name in arch.type."""
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import torchvision
@@ -9,7 +10,7 @@ from torch import nn
 from base import BaseModel
 from utils import ConfigValueError, UserError, describe_error
 
-__all__ = ["CifarCNN", "DenoisingCNN", "TorchvisionModel"]
+__all__ = ["CifarCNN", "DenoisingCNN", "TabularMLP", "TorchvisionModel"]
 
 
 class CifarCNN(BaseModel):
@@ -199,3 +200,62 @@ def load_weights_file(network: nn.Module, path: Path) -> None:
         raise UserError(
             f"{path}: its weights do not fit torchvision's {type(network).__name__}: {detail}"
         ) from None
+
+
+class TabularMLP(BaseModel):
+    """Rows of numbers (B, in_features) -> (B, 1) for a regression (num_classes null), logits
+    (B, num_classes) for a classifier: the inputs standardised, `hidden` layers of ReLU (with
+    dropout), a linear output; a regression's output in its target's units.
+
+    The statistics come from the training split (fit_data, before training), in buffers that
+    checkpoints keep: predict.py and export.py need nothing else.
+    """
+
+    def __init__(
+        self,
+        *,
+        in_features: int,
+        hidden: list[int] | None = None,
+        num_classes: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if not (isinstance(in_features, int) and in_features > 0):
+            raise ConfigValueError(f"in_features must be a positive integer, got {in_features!r}")
+        hidden = [64, 64] if hidden is None else hidden
+        self.in_features = in_features
+        if num_classes is not None:
+            self.num_classes = num_classes  # a classifier: the Trainer checks the labels
+        layers: list[nn.Module] = []
+        width = in_features
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU(), nn.Dropout(dropout)]
+            width = size
+        self.network = nn.Sequential(*layers, nn.Linear(width, num_classes or 1))
+        self.register_buffer("input_mean", torch.zeros(in_features))
+        self.register_buffer("input_std", torch.ones(in_features))
+        self.register_buffer("target_mean", torch.zeros(1))
+        self.register_buffer("target_std", torch.ones(1))
+
+    def fit_data(self, data: Any) -> None:
+        """Mean and standard deviation of every feature (and a regression's target) over the
+        training split: inputs and outputs then start near 0 and 1 whatever their units."""
+        samples = data.training_samples()
+        features = torch.stack([features for features, _ in samples]).float()  # (N, F)
+        if features.shape[1] != self.in_features:
+            raise ConfigValueError(
+                f"in_features is {self.in_features}, but the data has {features.shape[1]} "
+                f"features: set arch.args.in_features to {features.shape[1]}"
+            )
+        self.input_mean.copy_(features.mean(dim=0))
+        self.input_std.copy_(features.std(dim=0).clamp(min=1e-6))
+        if not hasattr(self, "num_classes"):
+            targets = torch.stack([torch.as_tensor(target) for _, target in samples]).float()
+            self.target_mean.copy_(targets.mean().reshape(1))
+            self.target_std.copy_(targets.std().clamp(min=1e-6).reshape(1))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        output = self.network((inputs - self.input_mean) / self.input_std)
+        if hasattr(self, "num_classes"):
+            return output  # logits (B, num_classes)
+        return output * self.target_std + self.target_mean  # (B, 1) in the target's units

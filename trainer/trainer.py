@@ -14,6 +14,7 @@ import torch
 import torchvision
 
 from base import BaseTrainer, StepOutput
+from base.base_model import model_summary
 from data_loader.transforms import batch_mixing
 from utils import unwrap_model
 from utils.data.batches import has_length, num_samples
@@ -51,14 +52,16 @@ class Trainer(BaseTrainer):
 
     def on_train_start(self) -> None:
         """Log the model and the data; show the loggers that take images what the model sees."""
-        self.logger.info("%s", unwrap_model(self.model))
+        model = unwrap_model(self.model)
+        self.logger.info("%s", model_summary(model))  # verbosity 2: the whole module tree
+        self.logger.debug("%s", model)
         geometry = self.geometry  # the global batch, and what it is made of
         self.logger.info(
-            "Data: %s training samples, %s validation samples, %d classes; %d batches per epoch. "
+            "Data: %s training samples, %s validation samples, %s; %d batches per epoch. "
             "Global batch %d = %d per process x %d process(es) x %d accumulated, on %s.",
             num_samples(self.train_loader),
             num_samples(self.val_loader) if self.val_loader is not None else 0,
-            len(self.data.class_names()),
+            f"{len(self.data.class_names())} classes" if self.data.class_names() else "no classes",
             self.len_epoch,
             geometry["global_batch"],
             geometry["batch_size"],

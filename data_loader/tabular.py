@@ -1,0 +1,151 @@
+"""Rows of numbers: a CSV file, or one of scikit-learn's bundled data sets (an optional extra,
+pip install scikit-learn: nothing is downloaded). The non-image example of the template:
+configs/tabular.json (a regression) and configs/wine.json (a classification)."""
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from base.base_data_loader import BaseDataLoader
+from utils.data.splits import holdout_split
+from utils.util import ConfigValueError, DataError
+
+# scikit-learn's bundled data sets (sklearn.datasets.load_<name>), and the task each is for.
+SKLEARN_SETS = {
+    "diabetes": "regression",
+    "wine": "classification",
+    "iris": "classification",
+    "breast_cancer": "classification",
+}
+TASKS = ("regression", "classification")
+
+
+def read_csv(path: Path, target: str | None) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+    """(features float32 (N, F), the `target` column (None without one), feature names) of a CSV
+    file with a header row; every other column is a feature."""
+    try:
+        with path.open(newline="", encoding="utf-8") as file:
+            rows = list(csv.reader(file))
+    except OSError as error:
+        raise DataError(f"{path}: cannot read ({error.strerror})") from None
+    if len(rows) < 2:
+        raise DataError(f"{path}: a header row and at least one row of values are needed")
+    header, body = rows[0], rows[1:]
+    try:
+        values = np.asarray(body, dtype=np.float64)
+    except ValueError:
+        raise DataError(f"{path}: every value must be a number (and every row as long)") from None
+    columns = [name for name in header if name != target]
+    features = values[:, [header.index(name) for name in columns]].astype(np.float32)
+    labels = values[:, header.index(target)] if target in header else None
+    return features, labels, columns
+
+
+class TabularDataLoader(BaseDataLoader):
+    """Rows of numbers, from `csv` (a CSV file whose `target` column holds the label or value to
+    predict; every other column is a feature) or `sklearn` (one of SKLEARN_SETS). task
+    "regression": targets float32 (B, 1); "classification": class indices int64 (B,). The test
+    split is a seeded `test_split` share of the rows (the validation split is taken from the
+    rest). No augmentation; predict.py reads new rows from CSV files (read_inputs)."""
+
+    splits = ("train", "test")
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+
+    def __init__(
+        self,
+        *,
+        csv: str | None = None,
+        sklearn: str | None = None,
+        target: str = "target",
+        task: str = "regression",
+        test_split: float = 0.2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (csv is None) == (sklearn is None):
+            raise ConfigValueError("give one of csv (a file) and sklearn (a bundled data set)")
+        if task not in TASKS:
+            raise ConfigValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+        if sklearn is not None and SKLEARN_SETS.get(sklearn) not in (None, task):
+            raise ConfigValueError(f"sklearn {sklearn!r} is a {SKLEARN_SETS[sklearn]} data set")
+        if sklearn is not None and sklearn not in SKLEARN_SETS:
+            raise ConfigValueError(
+                f"sklearn must be one of {', '.join(SKLEARN_SETS)}, got {sklearn!r}"
+            )
+        if not (isinstance(test_split, float) and 0.0 <= test_split < 1.0):
+            raise ConfigValueError(f"test_split must be a fraction in [0, 1), got {test_split!r}")
+        self.csv, self.sklearn, self.target, self.task = csv, sklearn, target, task
+        self.test_split = test_split
+        self._table: tuple[np.ndarray, np.ndarray] | None = None
+
+    def location(self, split: str) -> str:
+        source = self.csv if self.csv is not None else f"scikit-learn's {self.sklearn} data"
+        return f"{source} ({split} split)"
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """(features float32 (N, F), targets (N,)) of every row, read once."""
+        if self._table is None:
+            if self.csv is not None:
+                features, targets, _ = read_csv(Path(self.csv), self.target)
+                if targets is None:
+                    raise DataError(
+                        f"{self.csv}: no column named {self.target!r} (data_loader.args.target)"
+                    )
+            else:
+                try:
+                    from sklearn import datasets
+                except ImportError:
+                    raise DataError(
+                        "data_loader.args.sklearn needs scikit-learn: pip install scikit-learn "
+                        "(requirements-extras.txt)"
+                    ) from None
+                bundle = getattr(datasets, f"load_{self.sklearn}")()
+                features, targets = bundle.data.astype(np.float32), bundle.target
+            self._table = features, targets
+        return self._table
+
+    def load_split(self, split: str) -> Dataset:
+        features, targets = self.table()
+        num_test = round(len(features) * self.test_split)
+        # Its own seed, apart from the validation split's: the test rows never train.
+        train, test = holdout_split(len(features), num_test, self.seed + 1)
+        rows = train if split == "train" else test
+        inputs = torch.from_numpy(features[rows])  # (N, F) float32
+        if self.task == "regression":
+            labels = torch.from_numpy(targets[rows].astype(np.float32)).unsqueeze(1)  # (N, 1)
+        else:
+            labels = torch.from_numpy(targets[rows].astype(np.int64))  # (N,)
+        dataset = TensorDataset(inputs, labels)
+        dataset.targets = labels.tolist() if self.task == "classification" else None
+        return dataset
+
+    def transform(self, augment: bool) -> Callable:
+        return identity  # numbers are used as they are; the model standardises them
+
+    def class_names(self) -> list[str]:
+        if self.task == "regression":
+            return []
+        return [str(label) for label in sorted({int(value) for value in self.table()[1]})]
+
+    @classmethod
+    def read_inputs(cls, path: Path, args: dict) -> tuple[list[str], torch.Tensor]:
+        """predict.py: the rows of a CSV file with the training data's feature columns (a target
+        column, when there, is left out): (a name per row, features float32 (N, F))."""
+        features, _, _ = read_csv(path, args.get("target", "target"))
+        return [f"{path}:{row + 2}" for row in range(len(features))], torch.from_numpy(features)
+
+    @classmethod
+    def example_inputs(cls, args: dict, model: torch.nn.Module, batch_size: int) -> torch.Tensor:
+        """export.py: random rows of the model's width (its in_features), (B, F) float32."""
+        generator = torch.Generator().manual_seed(0)
+        return torch.randn(batch_size, model.in_features, generator=generator)
+
+
+def identity(values: Any) -> Any:
+    return values
