@@ -95,13 +95,20 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self) -> Any:
         order = self.global_order(self.epoch, self.pass_index)
-        rest = order[self.skip :]
-        if self.pad and len(rest) % self.num_replicas:
+        positions = np.arange(self.skip, len(order))
+        if self.pad and len(positions) % self.num_replicas:
             # The padding repeats the pass's first positions, with or without a skip that is a
             # multiple of the ranks: a resume shares out exactly what the epoch would have.
-            extra = self.num_replicas - len(rest) % self.num_replicas
-            rest = np.concatenate([rest, np.resize(order, extra)])
-        return iter(rest[self.rank :: self.num_replicas].tolist())
+            extra = self.num_replicas - len(positions) % self.num_replicas
+            positions = np.concatenate([positions, np.resize(np.arange(len(order)), extra)])
+        mine = positions[self.rank :: self.num_replicas]
+        indices = order[mine].tolist()
+        if not self.shuffle:  # evaluation: nothing is augmented
+            return iter(indices)
+        # Training: each sample with the seed its augmentation draws from, a function of
+        # (seed, epoch, pass, position in the pass's order).
+        base = derive_seed(self.seed, self.epoch, self.pass_index, 0xA06)
+        return iter(SeededIndex(index, mix(base, position)) for index, position in zip(indices, mine.tolist(), strict=True))
 
     def share(self, skip: int = 0) -> int:
         """This rank's number of indices in the pass after the first `skip` positions."""
@@ -114,8 +121,35 @@ class EpochSampler(Sampler[int]):
         return self.share()
 
 
+class SeededIndex(int):
+    """A training sample's index, carrying the seed its augmentation draws from: the same in a
+    worker process (persistent or not) as in the main process, in a rerun and after a resume,
+    also one inside an epoch or with another batch geometry."""
+
+    seed: int
+
+    def __new__(cls, index: int, seed: int) -> "SeededIndex":
+        value = super().__new__(cls, index)
+        value.seed = seed
+        return value
+
+    def __reduce__(self) -> tuple:  # to worker processes, seed included
+        return SeededIndex, (int(self), self.seed)
+
+
+def mix(base: int, position: int) -> int:
+    """A 63-bit seed from a base seed and a position (splitmix64's finaliser): cheap per sample,
+    and neighbouring positions get unrelated seeds."""
+    value = (base + position * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (value ^ (value >> 31)) >> 1
+
+
 class TransformedDataset(Dataset):
-    """A view of `dataset` with `transform` applied to each image; shares the underlying data."""
+    """A view of `dataset` with `transform` applied to each image; shares the underlying data.
+    A SeededIndex (training) seeds the transform's random draws, apart from the process's own
+    random numbers (dropout keeps its stream)."""
 
     def __init__(self, dataset: Dataset, transform: Callable) -> None:
         self.dataset = dataset
@@ -126,4 +160,9 @@ class TransformedDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.dataset[index]
-        return self.transform(image), label
+        seed = getattr(index, "seed", None)
+        if seed is None:
+            return self.transform(image), label
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(image), label
