@@ -201,7 +201,13 @@ def once_per_node(function: Callable[[], None], info: ProcessInfo) -> None:
             if errors:
                 raise UserError(errors[0])
     finally:
+        # As close_distributed does, for the torch < 2.8 deadlock (pytorch/pytorch#154976): the
+        # backend is held past the group and dropped last, by its own binding, which releases
+        # the GIL while it waits for its worker threads.
+        backend = group._get_backend(torch.device("cpu"))
         dist.destroy_process_group(group)
+        del group
+        del backend
 
 
 def on_rank0(function: Callable[..., Result], *args: object) -> Result:
