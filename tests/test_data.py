@@ -11,7 +11,7 @@ import pytest
 import torch
 from cifar_archive import CLASSES as CIFAR_CLASSES
 from cifar_archive import NUM_PER_BATCH, NUM_TEST, PLANTED, archive_files, md5_attributes
-from conftest import SAMPLE_DIR, checkpoint_dirs, run_script
+from conftest import NO_SAMPLE, SAMPLE_DIR, checkpoint_dirs, run_script
 from PIL import Image
 from torchvision.datasets import CIFAR10
 
@@ -465,7 +465,7 @@ def test_image_folder_unknown_preset(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=f"no real-image sample at {SAMPLE_DIR}")
+@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=NO_SAMPLE)
 def test_train_on_real_cifar_images_beats_chance(make_config, tmp_path):
     epochs = 8
     config_path = make_config(

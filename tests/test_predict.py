@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, SAMPLE_DIR, run_script, write_shrunk
+from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_script, write_shrunk
 from PIL import Image
 
 import predict
@@ -97,7 +97,7 @@ def test_folders_and_globs_in_path_order_as_csv_and_json(demo_checkpoint, tmp_pa
     ]
 
 
-@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=f"no real-image sample at {SAMPLE_DIR}")
+@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=NO_SAMPLE)
 def test_top1_on_real_images_is_the_argmax_test_py_computes(tmp_path):
     """Trained on the 2,000 sample images; predicted from the checkpoint alone (its data folder
     moved away), the 500 validation images get test.py's argmax, image by image."""

@@ -1,6 +1,7 @@
 """What the docs tell a user to paste works as pasted: docs/extending.md's blocks (a loader, a
-model, a metric, a loss), each appended to the file its marker names in a copy made by
-new_project.py, with the config shown beside them, train through train.py and test.py."""
+model, a metric, a loss, a trainer), each appended to the file its marker names in a copy made
+by new_project.py, with the config shown beside them, train through train.py and test.py; and
+the copy's own tests of what a config may name still pass with them added."""
 
 import json
 import re
@@ -32,7 +33,8 @@ def run(copy: Path, *args: str) -> subprocess.CompletedProcess:
 def test_the_pasted_blocks_train_in_a_new_project(tmp_path):
     blocks = marked(PASTE)
     assert {target for target, _, _ in blocks} == {
-        "data_loader/data_loaders.py", "model/model.py", "model/metric.py", "model/loss.py"
+        "data_loader/data_loaders.py", "model/model.py", "model/metric.py", "model/loss.py",
+        "trainer/__init__.py",
     }  # fmt: skip
     copy = tmp_path / "MyProject"
     assert run(ROOT, "new_project.py", str(copy)).returncode == 0
@@ -51,3 +53,10 @@ def test_the_pasted_blocks_train_in_a_new_project(tmp_path):
     tested = run(copy, "test.py", "-r", str(run_dir / "model_best.pth"))
     assert tested.returncode == 0, tested.stderr[-3000:]
     assert "test: 512 samples" in tested.stdout
+    # The copy's own tests of what a config may name (they derive it from each __all__), of
+    # its layers and of its docs, with the five additions in place.
+    quiet = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
+    for tests in (["tests/test_bad_input.py", "-k", "unknown"], ["tests/test_layers.py",
+                  "tests/test_docs.py", "tests/test_readme.py"]):  # fmt: skip
+        own = run(copy, *quiet, *tests)
+        assert own.returncode == 0 and " passed" in own.stdout, own.stdout[-3000:]

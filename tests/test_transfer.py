@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import ROOT, SAMPLE_DIR, run_script, set_flags
+from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_script, set_flags
 from torch import nn
 
 import train
@@ -212,7 +212,7 @@ def test_an_unknown_freeze_prefix_stops_train_py_in_one_line(resnet18_file, tmp_
     assert not (tmp_path / "saved").exists()
 
 
-@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=f"no real-image sample at {SAMPLE_DIR}")
+@pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=NO_SAMPLE)
 def test_finetune_config_on_real_images(resnet18_file, tmp_path):
     overrides = {
         "n_gpu": 0,

@@ -1,0 +1,179 @@
+"""Whole-process time of train.py against PyTorch Lightning doing the same work.
+
+The work: configs/demo.json's CifarCNN on real CIFAR-10 JPEGs (ImageFolder, preset "cifar":
+crop with padding, flip, normalise), --images of them (default 10,000; 10 % validate), batch
+64, Adam lr 0.003 under a per-epoch cosine, --workers DataLoader worker processes, --epochs
+epochs, a checkpoint every epoch, TensorBoard, validation every epoch. For Lightning, a
+hand-written LightningModule with the same network, transforms, split, loaders and schedule;
+Trainer(accelerator="cpu", devices=1) with ModelCheckpoint and its TensorBoardLogger. Each side
+runs as its own process (start-up included), timed from outside, alternating, --rounds times;
+printed: each time, the median ratio train.py / Lightning (below 1: the template is faster).
+
+Lightning is a benchmark-only optional package (pip install lightning; pyproject.toml's
+"benchmarks" extra), not a dependency of the template.
+
+python benchmarks/lightning.py [--images 10000] [--epochs 2] [--workers 2] [--rounds 3]
+    [--archive ../shared/data/cifar10-train/train.tar.gz] [--quick]
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = ROOT.parent / "shared" / "data" / "cifar10-train" / "train.tar.gz"
+
+LIGHTNING_SCRIPT = """
+import sys
+import lightning
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Subset
+from torchvision import datasets
+
+sys.path.insert(0, {root!r})
+from data_loader.transforms import cifar_transform  # the same transforms as the template's
+from model.model import CifarCNN
+
+data_dir, epochs, workers, out = {data!r}, {epochs}, {workers}, {out!r}
+
+
+class Module(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.model = CifarCNN(in_shape=[3, 32, 32], num_classes=10, widths=[32, 64, 128],
+                              convs_per_block=1, dropout=0.0)
+
+    def training_step(self, batch, index):
+        images, labels = batch
+        loss = torch.nn.functional.cross_entropy(self.model(images), labels)
+        self.log("train/loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, index):
+        images, labels = batch
+        logits = self.model(images)
+        self.log("val/loss", torch.nn.functional.cross_entropy(logits, labels))
+        self.log("val/accuracy", (logits.argmax(1) == labels).float().mean())
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=0.003)
+        return [optimizer], [torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs)]
+
+
+torch.manual_seed(0)
+train = datasets.ImageFolder(f"{{data_dir}}/train", transform=cifar_transform(True))
+val = datasets.ImageFolder(f"{{data_dir}}/train", transform=cifar_transform(False))
+order = np.random.default_rng(0).permutation(len(train))
+num_val = len(train) // 10
+loader = dict(batch_size=64, num_workers=workers, persistent_workers=workers > 0)
+train_loader = DataLoader(Subset(train, order[num_val:]), shuffle=True, **loader)
+val_loader = DataLoader(Subset(val, order[:num_val]), **loader)
+trainer = lightning.Trainer(
+    max_epochs=epochs, accelerator="cpu", devices=1, default_root_dir=out,
+    callbacks=[lightning.pytorch.callbacks.ModelCheckpoint(every_n_epochs=1, save_top_k=-1)],
+    logger=lightning.pytorch.loggers.TensorBoardLogger(out), enable_progress_bar=False,
+    log_every_n_steps=10, enable_model_summary=False,
+)
+trainer.fit(Module(), train_loader, val_loader)
+print("val/accuracy", float(trainer.callback_metrics["val/accuracy"]))
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--archive", default=str(ARCHIVE), help="CIFAR-10 JPEGs, train/<class>/*")
+    parser.add_argument("--images", type=int, default=10000, help="default 10,000")
+    parser.add_argument("--epochs", type=int, default=2, help="default 2")
+    parser.add_argument("--workers", type=int, default=2, help="default 2")
+    parser.add_argument("--rounds", type=int, default=3, help="default 3")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 400 images, 1 round")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.images, args.rounds, args.epochs = 400, 1, 1
+    return args
+
+
+def unpack(archive: Path, images: int, folder: Path) -> Path:
+    """The first images / 10 JPEGs of each class of the archive into folder/train/<class>/."""
+    per_class: dict[str, int] = {}
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            parts = Path(member.name).parts
+            if not member.isfile() or len(parts) != 3:
+                continue
+            if per_class.get(parts[1], 0) < images // 10:
+                per_class[parts[1]] = per_class.get(parts[1], 0) + 1
+                tar.extract(member, folder, filter="data")
+    return folder
+
+
+def template_config(data: Path, args: argparse.Namespace, out: Path) -> Path:
+    """configs/demo.json's model and optimizer on the folder, as the Lightning side runs it."""
+    config = json.loads((ROOT / "configs/demo.json").read_text())
+    config["n_gpu"] = 0
+    config["data_loader"] = {
+        "type": "ImageFolderDataLoader",
+        "args": {"data_dir": str(data), "preset": "cifar", "batch_size": 64,
+                 "validation_split": 0.1, "num_workers": args.workers},
+    }  # fmt: skip
+    config["trainer"].update(epochs=args.epochs, save_dir=str(out), monitor="max val/accuracy")
+    path = out / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def timed(command: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"{command[1]} failed:\n{result.stderr[-3000:]}")
+    return seconds, result.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import lightning  # noqa: F401
+    except ImportError:
+        print("error: needs lightning (a benchmark-only package): pip install lightning")
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="lightning-bench-"))
+    data = unpack(Path(args.archive), args.images, work / "data")
+    times: dict[str, list[float]] = {"template": [], "lightning": []}
+    for round_index in range(args.rounds):
+        out = work / f"round{round_index}"
+        (out / "lightning").mkdir(parents=True)
+        config = template_config(data, args, out)
+        seconds, _ = timed([sys.executable, "train.py", "-c", str(config), "--run-id", "bench"])
+        times["template"].append(seconds)
+        script = out / "lightning_run.py"
+        script.write_text(LIGHTNING_SCRIPT.format(
+            root=str(ROOT), data=str(data), epochs=args.epochs, workers=args.workers,
+            out=str(out / "lightning"),
+        ))  # fmt: skip
+        seconds, output = timed([sys.executable, str(script)])
+        times["lightning"].append(seconds)
+        print(
+            f"round {round_index + 1}: train.py {times['template'][-1]:.1f} s, Lightning "
+            f"{seconds:.1f} s ({output.strip().splitlines()[-1]})",
+            flush=True,
+        )
+    ratios = [a / b for a, b in zip(times["template"], times["lightning"], strict=True)]
+    print(
+        f"train.py / Lightning, whole process, {args.images} images, {args.epochs} epochs, "
+        f"{args.workers} workers: median {statistics.median(ratios):.3f} "
+        f"(rounds: {', '.join(f'{ratio:.3f}' for ratio in ratios)})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
