@@ -38,7 +38,7 @@ from utils.evaluation.metric_sums import MetricFn, MetricSums, StepOutput
 from utils.evaluation.monitor import Monitor
 from utils.optim.averaging import new_average, update_if_due
 from utils.optim.schedule import build_scheduler, schedule_signature, step_scheduler, warmup_steps
-from utils.state.resume import epoch_start, restore, restore_rng
+from utils.state.resume import epoch_start, epoch_start_lr, restore, restore_rng
 from utils.state.signals import StopRequest
 from utils.state.timeline import ResumePoint
 from utils.state.training_state import TrainingState, save_epoch_end, save_inside_epoch
@@ -79,9 +79,7 @@ class BaseTrainer(abc.ABC):
         self.train_loader, self.val_loader, self.len_epoch = None, None, 0
         self.state = TrainingState()  # where the run stands: epoch, step, position, timeline
         self.steps_per_epoch, self.warmup_steps, self.lr_scale = 0, 0, 1.0
-        self.geometry: dict = {}
-        self.data_fingerprint: dict = {}
-        self.schedule_signature: dict | None = None
+        self.geometry, self.data_fingerprint, self.schedule_signature = {}, {}, None
         if optimizer is not None:  # without one, the trainer only evaluates (test.py)
             check_logger_packages(options, config.source)  # before anything is written
             # A compiled model keeps one graph for one batch shape: a short last batch would
@@ -91,9 +89,9 @@ class BaseTrainer(abc.ABC):
             check_loaders(
                 self.train_loader, self.val_loader, self.monitor.key, options["len_epoch"]
             )
-            # Iteration-based epochs: exactly len_epoch batches, across passes if need be.
+            # Iteration-based epochs: exactly len_epoch batches, across passes if need be; one
+            # optimizer step per accumulation group, the last one maybe short.
             self.len_epoch = options["len_epoch"] or len(self.train_loader)
-            # Optimizer steps per epoch: one per accumulation group, the last one maybe short.
             self.steps_per_epoch = -(-self.len_epoch // options["grad_accum_steps"])
             self.lr_scale = lr_scale(config, world_size())
             self.lr_scheduler = build_scheduler(
@@ -101,9 +99,9 @@ class BaseTrainer(abc.ABC):
             )
             self.schedule_signature = schedule_signature(config, optimizer, self.steps_per_epoch)
             self.warmup_steps = warmup_steps(config, self.steps_per_epoch)
-            # What a mid-epoch position and the learning rates are counted in.
+            # What a mid-epoch position and the learning rates are counted in; what a resume
+            # checks it continues on (the data behind every split).
             self.geometry = batch_geometry(config, self.train_loader)
-            # What a resume checks it continues on (the data behind every split).
             self.data_fingerprint = data.fingerprint()
             if options["ema_decay"] is not None:
                 self.ema = new_average(unwrap_model(self.model), options["ema_decay"])
@@ -177,7 +175,7 @@ class BaseTrainer(abc.ABC):
         # Augmentation, dropout and data order become a function of (seed, epoch, rank): an
         # epoch replays the same way after a resume (a mid-epoch one then restores its RNG).
         seed_everything(derive_seed(self.config["seed"], epoch, self.rank))
-        learning_rate = self.optimizer.param_groups[0]["lr"]  # what this epoch starts with
+        learning_rate = epoch_start_lr(self)  # what this epoch starts with, also after a resume
         start, stopwatch = time.perf_counter(), Stopwatch(self.device)
         stopwatch.start()
         try:

@@ -199,6 +199,15 @@ class EpochStart:
         return done if self.one_pass else None
 
 
+def epoch_start_lr(trainer: "BaseTrainer") -> float:
+    """The learning rate the epoch starts with (its "lr" metric): the optimizer's now, or after
+    a mid-epoch resume the one the interrupted epoch started with."""
+    state = trainer.state
+    if not (state.inside_epoch and state.epoch_lr is not None):
+        state.epoch_lr = trainer.optimizer.param_groups[0]["lr"]
+    return state.epoch_lr
+
+
 def epoch_start(trainer: "BaseTrainer") -> EpochStart:
     """Where the next epoch begins, taken from the trainer's state (which then starts afresh)."""
     position, loader = trainer.state, trainer.train_loader

@@ -44,6 +44,7 @@ class TrainingState:
     samples: int | None = 0
     batches: int = 0
     epoch_sums: dict[str, torch.Tensor] | None = None
+    epoch_lr: float | None = None  # the learning rate the epoch started with (its "lr" metric)
     timeline: str = ""  # the id of the run's timeline (utils/state/timeline.py)
     parent: str | None = None  # the checkpoint the next one continues (its file name)
     # Not saved, set by a resume: this rank's RNG state to restore at the resume point, and
@@ -56,7 +57,7 @@ class TrainingState:
             "epoch": self.epoch,
             "global_step": self.global_step,
             "num_skipped_steps": self.num_skipped_steps,
-            "position": {"samples": self.samples, "batches": self.batches},
+            "position": {"samples": self.samples, "batches": self.batches, "lr": self.epoch_lr},
             "epoch_sums": self.epoch_sums,
             "timeline": {"id": self.timeline, "parent": self.parent},
         }
@@ -70,6 +71,7 @@ class TrainingState:
             "batches": state.get("resume_batch", 0),
         }
         self.samples, self.batches = position["samples"], position["batches"]
+        self.epoch_lr = position.get("lr")
         self.epoch_sums = state.get("epoch_sums")
         if self.epoch_sums is None and state.get("resume_totals") is not None:
             totals = state["resume_totals"]
