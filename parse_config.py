@@ -7,7 +7,6 @@ The keys are declared in config_schema.py; utils/config/load_config.py reads, ov
 
 import argparse
 import copy
-import difflib
 import functools
 import inspect
 import secrets
@@ -19,6 +18,7 @@ from typing import Any
 
 from utils import ConfigValueError
 from utils.config.config_checks import NAME, metric_names
+from utils.config.keywords import check_keywords
 from utils.config.load_config import (
     ConfigError,
     apply_override,
@@ -228,7 +228,7 @@ class ConfigParser:
         """
         target, config_args = self._resolve(name, module, kwargs)
         config_args.update(overrides or {})
-        self.check_keywords(name, target, config_args, kwargs)
+        check_keywords(self.source, name, self.config[name]["type"], target, config_args, kwargs)
         try:
             inspect.signature(target).bind(*args, **config_args, **kwargs)
         except TypeError as error:
@@ -244,33 +244,6 @@ class ConfigParser:
             if not is_torch:
                 raise
             raise ConfigError(f"{self.source}: {name}.args: {error}") from None
-
-    def check_keywords(
-        self, name: str, target: Callable, config_args: dict, program_args: dict
-    ) -> None:
-        """Refuse, in one line, a key of config[name].args that `target` does not take (with
-        the known ones and the closest), and a class of the project that does not take what
-        the program passes it (it must accept **kwargs and hand them to super().__init__)."""
-        accepted = accepted_keywords(target)
-        if accepted is None:  # takes any keyword (a function with **kwargs)
-            return
-        kind = self.config[name]["type"]
-        refused = [key for key in program_args if key not in accepted]
-        if refused:
-            raise ConfigError(
-                f"{self.source}: {name}.type: {kind}.__init__ does not take "
-                f"{', '.join(refused)}, which the program passes: give it **kwargs and pass "
-                "them on, super().__init__(**kwargs)"
-            )
-        for key in config_args:
-            if key not in accepted:
-                known = sorted(accepted - set(program_args))
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(
-                    f"{self.source}: {name}.args: unknown key {key!r} for {kind} "
-                    f"(known: {', '.join(known)}){hint}"
-                )
 
     def init_ftn(self, name: str, module: ModuleType, *args: Any, **kwargs: Any) -> Callable:
         """functools.partial(module.<config[name].type>, *args, **config[name].args, **kwargs)."""
@@ -295,38 +268,3 @@ def _public_callables(module: ModuleType) -> list[str]:
         for name, value in vars(module).items()
         if not name.startswith("_") and callable(value) and not isinstance(value, ModuleType)
     ]
-
-
-def accepted_keywords(target: Callable) -> set[str] | None:
-    """The keyword arguments `target` takes; None when it takes any. A class's are those of its
-    __init__ and, while an __init__ takes **kwargs, of the next __init__ up its bases (where
-    those kwargs go by the template's convention, super().__init__(**kwargs)); torch's
-    nn.Module and object take none."""
-    accepted: set[str] = set()
-    inits = (
-        [vars(cls)["__init__"] for cls in target.__mro__ if "__init__" in vars(cls)]
-        if inspect.isclass(target)
-        else [target]
-    )
-    for init in inits:
-        if init in (object.__init__, torch_module_init()):
-            return accepted
-        try:
-            parameters = inspect.signature(init).parameters.values()
-        except (TypeError, ValueError):  # no inspectable signature: let the call tell
-            return None
-        accepted |= {
-            item.name
-            for item in parameters
-            if item.kind in (item.POSITIONAL_OR_KEYWORD, item.KEYWORD_ONLY) and item.name != "self"
-        }
-        if not any(item.kind is item.VAR_KEYWORD for item in parameters):
-            return accepted
-    return None if not inspect.isclass(target) else accepted
-
-
-def torch_module_init() -> Callable:
-    """nn.Module.__init__: (*args, **kwargs) in its signature, yet it refuses any keyword."""
-    from torch import nn
-
-    return nn.Module.__init__

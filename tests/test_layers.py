@@ -79,3 +79,19 @@ def test_every_loader_implementation_has_what_the_engine_reads(loader):
     # What a resume sets: the rest of the pass after 4 samples.
     loader.sampler.set_epoch(1, skip=4)
     assert sum(len(labels) for _, labels in loader) == 6
+
+
+def test_no_module_outside_the_tests_is_over_300_lines_nor_a_folder_over_12_modules():
+    modules = [
+        path
+        for path in ROOT.rglob("*.py")
+        if path.relative_to(ROOT).parts[0] not in ("tests", "saved", "data")
+        and not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
+    ]
+    long = [f"{p.relative_to(ROOT)}: {len(p.read_text().splitlines())}" for p in modules]
+    assert not [item for item in long if int(item.rsplit(": ", 1)[1]) > 300]
+    folders: dict[Path, int] = {}
+    for path in modules:
+        if path.parent != ROOT and path.name != "__init__.py":
+            folders[path.parent] = folders.get(path.parent, 0) + 1
+    assert not {str(f.relative_to(ROOT)): n for f, n in folders.items() if n > 12}
