@@ -33,19 +33,28 @@ def stack_arrays(
 
 
 def crop_and_flip(
-    images: torch.Tensor, generator: torch.Generator, padding: int = PADDING
+    images: torch.Tensor,
+    generator: torch.Generator,
+    padding: int = PADDING,
+    *,
+    padding_mode: str = "constant",
+    flips: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """v2.RandomCrop(size, padding) then v2.RandomHorizontalFlip() of every image of a uint8
-    batch (B, C, H, W), the offsets and flips drawn per image from `generator` (on the batch's
-    device): two gathers for the whole batch, no loop over its images."""
+    """v2.RandomCrop(size, padding, padding_mode) then v2.RandomHorizontalFlip() of every image
+    of a uint8 batch (B, C, H, W), the offsets and flips drawn per image from `generator` (on
+    the batch's device): two gathers for the whole batch, no loop over its images. `flips`
+    (B,) bool: these flips instead of random ones (alternating flips; all False: none)."""
     num_images, num_channels, height, width = images.shape
     device = images.device
-    # Zero padding, as RandomCrop pads uint8 images: a crop shows up to `padding` black lines.
-    padded = functional.pad(images, (padding, padding, padding, padding))  # (B, C, H+2p, W+2p)
+    # Zero padding, as RandomCrop pads uint8 images (a crop shows up to `padding` black lines),
+    # or the image mirrored at its edges ("reflect").
+    padded = functional.pad(images, (padding,) * 4, mode=padding_mode)  # (B, C, H+2p, W+2p)
     shape = (num_images, 1)
     top = torch.randint(0, 2 * padding + 1, shape, generator=generator, device=device)
     left = torch.randint(0, 2 * padding + 1, shape, generator=generator, device=device)
     flip = torch.rand(shape, generator=generator, device=device) < 0.5
+    if flips is not None:
+        flip = flips.view(shape)
     columns = torch.arange(width, device=device)
     rows = top + torch.arange(height, device=device)  # (B, H)
     columns = left + torch.where(flip, columns.flip(0), columns)  # (B, W): reversed when flipped
@@ -95,12 +104,19 @@ class DeviceBatches:
         augment: bool,
         normalise: Normalise,
         seed: int,
+        padding: int = PADDING,
+        padding_mode: str = "constant",
+        flip: str = "random",
     ) -> None:
         self.images, self.labels = images, labels  # uint8 (N, C, H, W), int64 (N,)
         self.sampler, self.dataset, self.batch_size = sampler, dataset, batch_size
         self.drop_last, self.augment = drop_last, augment
         self.normalise, self.seed = normalise, seed
+        self.padding, self.padding_mode, self.flip = padding, padding_mode, flip
         self.generator = torch.Generator(device=images.device)
+        # Alternating flips: each sample's flip in even passes (the sampler's), on the device.
+        flips = sampler.flips if flip == "alternating" else None
+        self.flips = None if flips is None else torch.from_numpy(flips).to(images.device)
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -119,5 +135,16 @@ class DeviceBatches:
             if self.augment:
                 parts = (self.seed, sampler.epoch, sampler.pass_index, sampler.rank, number)
                 self.generator.manual_seed(derive_seed(*parts))
-                images = crop_and_flip(images, self.generator)
+                flips = None
+                if self.flips is not None:  # the sampler's alternating flips
+                    flips = self.flips[indices] ^ sampler.flips_odd()
+                elif self.flip == "none":
+                    flips = torch.zeros(len(indices), dtype=torch.bool, device=indices.device)
+                images = crop_and_flip(
+                    images,
+                    self.generator,
+                    self.padding,
+                    padding_mode=self.padding_mode,
+                    flips=flips,
+                )
             yield self.normalise(images), self.labels[indices]

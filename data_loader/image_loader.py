@@ -13,9 +13,15 @@ from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.device_pipeline import DeviceBatches, Normalise
 from data_loader.image_cache import decode_split
-from data_loader.transforms import AUTO_AUGMENT, IMAGE_SIZES, preset_transform
+from data_loader.transforms import (
+    AUTO_AUGMENT,
+    FLIPS,
+    IMAGE_SIZES,
+    PADDING_MODES,
+    preset_transform,
+)
 from utils import ConfigValueError, describe_error
-from utils.data.sampler import EpochSampler
+from utils.data.sampler import EpochSampler, alternating_flips
 
 # data_loader.args.pipeline: per-sample transforms in DataLoader workers, or the split held on
 # the training device and augmented there a batch at a time (data_loader/device_pipeline.py).
@@ -49,7 +55,9 @@ class ImageDataLoader(BaseDataLoader):
     random_erasing (the probability of erasing a random rectangle of a training image) and
     pipeline: "dataloader" (the transform per sample, in num_workers worker processes) or
     "device" (preset "cifar": the split held as uint8 images on the training device, cropped,
-    flipped and normalised there a batch at a time; no worker processes).
+    flipped and normalised there a batch at a time; no worker processes). flip: "random",
+    "alternating" (each sample flipped in every other pass) or "none"; crop_padding (4) and
+    padding_mode ("constant" zeros, or "reflect"): the "cifar" preset's random crop.
     """
 
     preset = "cifar"
@@ -62,10 +70,23 @@ class ImageDataLoader(BaseDataLoader):
         eval_resize_size: int | None = None,
         auto_augment: str | None = None,
         random_erasing: float = 0.0,
+        flip: str = "random",
+        crop_padding: int = 4,
+        padding_mode: str = "constant",
         pipeline: str = "dataloader",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if flip not in FLIPS:
+            raise ConfigValueError(f"flip must be one of {', '.join(FLIPS)}, got {flip!r}")
+        if padding_mode not in PADDING_MODES:
+            raise ConfigValueError(
+                f"padding_mode must be one of {', '.join(PADDING_MODES)}, got {padding_mode!r}"
+            )
+        if not (isinstance(crop_padding, int) and 0 <= crop_padding < 16):
+            raise ConfigValueError(
+                f"crop_padding must be an integer in [0, 15], got {crop_padding!r}"
+            )
         for name, value in (
             ("image_size", image_size),
             ("eval_image_size", eval_image_size),
@@ -86,7 +107,10 @@ class ImageDataLoader(BaseDataLoader):
             "eval_image_size": eval_image_size,
             "auto_augment": auto_augment,
             "random_erasing": random_erasing,
+            "flip": flip,
         }
+        if self.preset == "cifar":  # the imagenet preset's crop is RandomResizedCrop
+            self.augmentation.update(crop_padding=crop_padding, padding_mode=padding_mode)
         if eval_resize_size is not None:
             if self.preset != "imagenet":
                 raise ConfigValueError(
@@ -128,6 +152,12 @@ class ImageDataLoader(BaseDataLoader):
         train_size = self.image_size or IMAGE_SIZES[self.preset]
         return train_size if augment else self.augmentation["eval_image_size"] or train_size
 
+    def train_sampler(self) -> EpochSampler:
+        sampler = super().train_sampler()
+        if self.augmentation["flip"] == "alternating":
+            sampler.flips = alternating_flips(len(self.dataset("train")), self.seed)
+        return sampler
+
     def loader(
         self, split: str, sampler: EpochSampler, *, augment: bool, drop_last: bool = False
     ) -> Any:
@@ -144,6 +174,9 @@ class ImageDataLoader(BaseDataLoader):
             augment=augment,
             normalise=Normalise(self.mean, self.std, self.device),
             seed=self.seed,
+            padding=self.augmentation.get("crop_padding", 4),
+            padding_mode=self.augmentation.get("padding_mode", "constant"),
+            flip=self.augmentation["flip"],
         )
 
     def device_split(self, split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # data_loader.args.auto_augment: torchvision's augmentation policies (their default settings).
 AUTO_AUGMENT = ("trivialaugment", "randaugment", "autoaugment")
+# data_loader.args.flip: horizontal flips of training images: each drawn at random, each sample
+# flipped in every other pass (utils/data/sampler.py's alternating_flips), or none.
+FLIPS = ("random", "alternating", "none")
+# data_loader.args.padding_mode (preset "cifar"): what the random crop's padding shows.
+PADDING_MODES = ("constant", "reflect")
 
 
 def augmentation_policy(name: str | None, preset: str) -> list[Callable]:
@@ -36,14 +41,21 @@ def cifar_transform(
     eval_image_size: int | None = None,
     auto_augment: str | None = None,
     random_erasing: float = 0.0,
+    crop_padding: int = 4,
+    padding_mode: str = "constant",
+    flip: str = "random",
 ) -> Callable:
-    """CIFAR-10 recipe: random crop with 4-pixel padding and horizontal flip when augmenting,
-    then the auto_augment policy, normalisation and random erasing (with that probability)."""
+    """CIFAR-10 recipe: a random crop of the image padded by crop_padding pixels (zeros, or
+    mirrored: padding_mode "reflect"; 0: no crop) and a random horizontal flip (flip "random";
+    "alternating" flips outside the transform, TransformedDataset) when augmenting, then the
+    auto_augment policy, normalisation and random erasing (with that probability)."""
     size = image_size if augment else eval_image_size or image_size
     # HWC uint8 (array or PIL) -> CHW uint8 tensor, at size (a no-op for 32x32 CIFAR).
     steps: list[Callable] = [v2.ToImage(), v2.Resize((size, size), antialias=True)]
     if augment:
-        steps += [v2.RandomCrop(size, padding=4), v2.RandomHorizontalFlip()]
+        if crop_padding:
+            steps.append(v2.RandomCrop(size, padding=crop_padding, padding_mode=padding_mode))
+        steps += [v2.RandomHorizontalFlip()] if flip == "random" else []
         steps += augmentation_policy(auto_augment, "cifar")
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
     if augment and random_erasing > 0:
@@ -59,6 +71,7 @@ def imagenet_transform(
     eval_resize_size: int | None = None,
     auto_augment: str | None = None,
     random_erasing: float = 0.0,
+    flip: str = "random",
 ) -> Callable:
     """ImageNet recipe: RandomResizedCrop(image_size) + flip (+ auto_augment, random erasing) for
     training; Resize(eval_resize_size) + CenterCrop(eval_image_size) for evaluation. Training
@@ -66,7 +79,8 @@ def imagenet_transform(
     enlarges (FixRes, Touvron et al., 2019)."""
     steps: list[Callable] = [v2.ToImage()]
     if augment:
-        steps += [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
+        steps.append(v2.RandomResizedCrop(image_size, antialias=True))
+        steps += [v2.RandomHorizontalFlip()] if flip == "random" else []
         steps += augmentation_policy(auto_augment, "imagenet")
     else:
         crop = eval_image_size or image_size
@@ -130,7 +144,7 @@ def batch_mixing(
 def preset_transform(preset: str, augment: bool, options: dict) -> Callable:
     """The transform of `preset` for training (augment) or evaluation, with the data_loader.args
     options it takes (image_size, eval_image_size, eval_resize_size, auto_augment,
-    random_erasing; unset ones keep the preset's defaults): what the loaders apply and what
+    random_erasing, crop_padding, padding_mode, flip; unset ones keep the preset's defaults): what the loaders apply and what
     predict.py and export.py rebuild without any data."""
     if preset not in PRESETS:
         raise ConfigValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")

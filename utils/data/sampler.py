@@ -58,6 +58,13 @@ class EpochSampler(Sampler[int]):
         # the global RNG: worker seeds follow (seed, epoch, pass), and a mid-epoch resume that
         # restores the global RNG state is not thrown off by a new iterator's seed draw.
         self.generator = torch.Generator()
+        # Alternating flips (data_loader.args.flip): each training sample's flip in passes
+        # where flips_odd() is False (alternating_flips); None: the transform draws its own.
+        self.flips: np.ndarray | None = None
+
+    def flips_odd(self) -> bool:
+        """Whether this (epoch, pass) flips the samples that `flips` leaves as they are."""
+        return (self.epoch + self.pass_index) % 2 == 1
 
     def set_epoch(self, epoch: int, pass_index: int = 0, skip: int = 0) -> None:
         """Choose the order for this epoch (and pass, when an epoch spans several passes).
@@ -108,7 +115,14 @@ class EpochSampler(Sampler[int]):
         # Training: each sample with the seed its augmentation draws from, a function of
         # (seed, epoch, pass, position in the pass's order).
         base = derive_seed(self.seed, self.epoch, self.pass_index, 0xA06)
-        return iter(SeededIndex(index, mix(base, position)) for index, position in zip(indices, mine.tolist(), strict=True))
+        if self.flips is None:
+            flips = [None] * len(indices)
+        else:
+            flips = (self.flips[indices] ^ self.flips_odd()).tolist()
+        return iter(
+            SeededIndex(index, mix(base, position), flip)
+            for index, position, flip in zip(indices, mine.tolist(), flips, strict=True)
+        )
 
     def share(self, skip: int = 0) -> int:
         """This rank's number of indices in the pass after the first `skip` positions."""
@@ -124,17 +138,26 @@ class EpochSampler(Sampler[int]):
 class SeededIndex(int):
     """A training sample's index, carrying the seed its augmentation draws from: the same in a
     worker process (persistent or not) as in the main process, in a rerun and after a resume,
-    also one inside an epoch or with another batch geometry."""
+    also one inside an epoch or with another batch geometry; and, with alternating flips,
+    whether the sample is flipped (None: the transform decides)."""
 
     seed: int
+    flip: bool | None
 
-    def __new__(cls, index: int, seed: int) -> "SeededIndex":
+    def __new__(cls, index: int, seed: int, flip: bool | None = None) -> "SeededIndex":
         value = super().__new__(cls, index)
-        value.seed = seed
+        value.seed, value.flip = seed, flip
         return value
 
-    def __reduce__(self) -> tuple:  # to worker processes, seed included
-        return SeededIndex, (int(self), self.seed)
+    def __reduce__(self) -> tuple:  # to worker processes, seed and flip included
+        return SeededIndex, (int(self), self.seed, self.flip)
+
+
+def alternating_flips(num_samples: int, seed: int) -> np.ndarray:
+    """(num_samples,) bool: a seeded coin per sample, whether it is flipped in an even pass
+    ((epoch + pass) even); odd passes flip the others. Every sample is then seen both ways in
+    any two passes in a row, which random flips leave to chance."""
+    return np.random.default_rng([seed, 0xF11B]).random(num_samples) < 0.5
 
 
 def mix(base: int, position: int) -> int:
@@ -165,4 +188,6 @@ class TransformedDataset(Dataset):
             return self.transform(image), label
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return self.transform(image), label
+            image = self.transform(image)
+        # Alternating flips: after the transform (crop, then flip, as the device pipeline does).
+        return (image.flip(-1) if getattr(index, "flip", None) else image), label
