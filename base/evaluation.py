@@ -11,6 +11,7 @@ from utils.data.batches import to_device
 from utils.distributed.process_group import sync_buffers
 from utils.evaluation.confusion import ConfusionMatrix
 from utils.evaluation.metric_sums import MetricSums
+from utils.evaluation.tta import AverageOverViews
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
@@ -21,16 +22,30 @@ def evaluate(
     trainer: "BaseTrainer", loader: Any, prefix: str, observe: Any = None
 ) -> dict[str, float]:
     """validation_step over every sample of `loader` exactly once, summed over the ranks;
-    `observe(result)` sees each step's StepOutput (test.py counts per-class hits)."""
+    `observe(result)` sees each step's StepOutput (test.py counts per-class hits). With
+    test-time augmentation (trainer.tta_*), validation_step's model averages over views."""
     trainer.model.eval()
     sums = MetricSums(trainer.metric_fns, trainer.device)
-    for batch in loader:
-        batch = to_device(batch, trainer.device, trainer.options["channels_last"])
-        with torch.autocast(trainer.device.type, trainer.amp_dtype, trainer.amp_dtype is not None):
-            result = trainer.validation_step(batch)
-        sums.add(result)
-        if observe is not None:
-            observe(result)
+    model, options = trainer.model, trainer.options
+    if options["tta_flip"] or options["tta_translate"]:
+        trainer.model = AverageOverViews(
+            model,
+            flip=options["tta_flip"],
+            translate=options["tta_translate"],
+            average=options["tta_average"],
+        )
+    try:
+        for batch in loader:
+            batch = to_device(batch, trainer.device, options["channels_last"])
+            with torch.autocast(
+                trainer.device.type, trainer.amp_dtype, trainer.amp_dtype is not None
+            ):
+                result = trainer.validation_step(batch)
+            sums.add(result)
+            if observe is not None:
+                observe(result)
+    finally:
+        trainer.model = model
     return sums.result(prefix)
 
 

@@ -19,6 +19,7 @@ from utils.config.config_checks import (
     STRING,
     VERBOSITY,
     WANDB_MODE,
+    choice,
     key,
     optional,
 )
@@ -113,6 +114,19 @@ class TrainerConfig:
     ema_period: int = key(1, POSITIVE_INT, "optimizer steps between two updates of the average")
     ema_warmup_reset: bool = key(
         False, BOOL, "restart the average at every update inside the warmup (torchvision's recipe)"
+    )
+    tta_flip: bool = key(
+        False, BOOL, "validation and test.py also see each image mirrored (test-time augmentation)"
+    )
+    tta_translate: int = key(
+        0,
+        NON_NEGATIVE_INT,
+        "...and each view shifted by this many pixels both ways (reflect padding); `0`: not",
+    )
+    tta_average: str = key(
+        "logits",
+        choice("logits", "probabilities"),
+        'how the views combine: mean logits, or `"probabilities"` (log of mean softmax)',
     )
     save_top_k: int = key(
         0, NON_NEGATIVE_INT, "also keep the k best epochs as `model_best-epoch<N>.pth`"
