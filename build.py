@@ -28,7 +28,7 @@ from parse_config import ConfigError, ConfigParser
 from utils.data.batches import global_batch
 from utils.distributed.device import capabilities
 from utils.distributed.process_group import ProcessInfo, is_distributed, once_per_node
-from utils.optim.optimizer import build_optimizer
+from utils.optim.optimizer import NORM_LAYERS, build_optimizer
 from utils.state.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -99,7 +99,12 @@ def log_learning_rates(
 
 
 def freeze(config: ConfigParser, model: torch.nn.Module) -> None:
-    """Freeze the parameters arch.freeze names (see BaseModel.freeze)."""
+    """Freeze the parameters arch.freeze names (see BaseModel.freeze), and with
+    arch.freeze_norm_scale the scales of the normalisation layers."""
+    if config["arch"]["freeze_norm_scale"]:
+        for module in model.modules():
+            if isinstance(module, NORM_LAYERS) and isinstance(module.weight, torch.nn.Parameter):
+                module.weight.requires_grad_(False)
     prefixes = config["arch"].get("freeze") or []
     if not prefixes:
         return

@@ -111,6 +111,11 @@ class ArchSection(Section):
     freeze: list[str] | None = key(
         OPTIONAL, PREFIX_LIST, "parameter-name prefixes of the parameters not to train"
     )
+    freeze_norm_scale: bool = key(
+        False,
+        BOOL,
+        "normalisation layers keep their scale (`weight`) as built, 1 for BatchNorm: not trained",
+    )
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -104,6 +104,9 @@ PREFIX_LIST: Check = (
     'a list of distinct parameter-name prefixes, e.g. ["network.layer1"]',
 )
 # Each group's own keys are checked in utils/config/load_config.py.
+# optimizer.param_groups[].kind: parameters by what they are, whatever their names
+# (utils/optim/optimizer.py): those of normalisation layers, their scales, their shifts, biases.
+PARAM_KINDS = ("norm", "norm_weight", "norm_bias", "bias")
 PARAM_GROUPS: Check = (
     lambda v: isinstance(v, list),
     'a list of {"params": ..., "lr": ...} objects',

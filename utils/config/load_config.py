@@ -23,7 +23,7 @@ from config_schema import (
     Section,
     TrainerConfig,
 )
-from utils.config.config_checks import PREFIX_LIST, Check, metric_names
+from utils.config.config_checks import PARAM_KINDS, PREFIX_LIST, Check, metric_names
 from utils.config.monitor import parse_monitor
 from utils.util import ConfigError
 
@@ -219,15 +219,21 @@ def _check_scheduler(section: dict, source: str) -> None:
 
 
 def _check_param_groups(section: dict, source: str) -> None:
-    """optimizer.param_groups: [{"params": PREFIX or [PREFIX, ...], <optimizer option>: ...}]."""
+    """optimizer.param_groups: [{"params": PREFIX or [PREFIX, ...], "kind": KIND, <optimizer
+    option>: ...}], with params, kind or both (utils/optim/optimizer.py's PARAM_KINDS)."""
     for index, group in enumerate(section.get("param_groups") or []):
         where = f"optimizer.param_groups[{index}]"
-        if not isinstance(group, dict) or "params" not in group:
+        if not isinstance(group, dict) or not ("params" in group or "kind" in group):
             raise ConfigError(
                 f'{source}: {where}: must be an object with "params" (parameter-name prefixes) '
-                f"and the group's optimizer options, got {json.dumps(group)}"
+                f'or "kind", and the group\'s optimizer options, got {json.dumps(group)}'
             )
-        params = group["params"]
+        if "kind" in group and group["kind"] not in PARAM_KINDS:
+            raise ConfigError(
+                f"{source}: {where}.kind: must be one of {', '.join(PARAM_KINDS)}, got "
+                f"{json.dumps(group['kind'])}"
+            )
+        params = group.get("params", ["(any)"])
         _check_value(
             [params] if isinstance(params, str) else params, PREFIX_LIST, f"{where}.params", source
         )

@@ -50,15 +50,26 @@ def build_optimizer(
     return optimizer
 
 
+def kind_of(module: nn.Module, name: str) -> set[str]:
+    """The optimizer.param_groups kinds (PARAM_KINDS) that parameter `name` of `module` is."""
+    norm = isinstance(module, NORM_LAYERS)
+    kinds = {"norm", f"norm_{name}"} if norm else set()
+    return kinds | ({"bias"} if name == "bias" else set())
+
+
+def parameter_kinds(model: nn.Module) -> dict[int, set[str]]:
+    """id(parameter) -> its kinds."""
+    return {
+        id(param): kind_of(module, name)
+        for module in model.modules()
+        for name, param in module.named_parameters(recurse=False)
+    }
+
+
 def split_norm_and_bias(model: nn.Module, groups: list[dict], weight_decay: float) -> list[dict]:
     """Each group as (its other parameters, its normalisation-layer parameters and biases with
     this weight decay), leaving out an empty half."""
-    special = {
-        id(param)
-        for module in model.modules()
-        for name, param in module.named_parameters(recurse=False)
-        if isinstance(module, NORM_LAYERS) or name == "bias"
-    }
+    special = {key for key, kinds in parameter_kinds(model).items() if kinds}
     split = []
     for group in groups:
         rest = [param for param in group["params"] if id(param) not in special]
@@ -71,31 +82,44 @@ def split_norm_and_bias(model: nn.Module, groups: list[dict], weight_decay: floa
 
 
 def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[dict]:
-    """The trainable parameters as torch.optim parameter groups: first those no group names
-    (they take optimizer.args), then one per entry of optimizer.param_groups, whose "params"
-    are parameter-name prefixes (whole name parts, as in arch.freeze)."""
+    """The trainable parameters as torch.optim parameter groups: first those no group takes
+    (they take optimizer.args), then one per entry of optimizer.param_groups, which takes the
+    parameters under its "params" (parameter-name prefixes, whole name parts, as in
+    arch.freeze) that are of its "kind" (PARAM_KINDS), either alone or both."""
     trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+    kinds = parameter_kinds(model)
     owner: dict[str, int] = {}  # parameter name -> index of the group that took it
     built = []
     for index, group in enumerate(groups):
-        where = f"{source}: optimizer.param_groups[{index}].params"
-        prefixes = [group["params"]] if isinstance(group["params"], str) else group["params"]
+        where = f"{source}: optimizer.param_groups[{index}]"
+        prefixes = group.get("params", [""])
+        prefixes = [prefixes] if isinstance(prefixes, str) else prefixes
+        kind = group.get("kind")
         params = []
         for prefix in prefixes:
-            matched = [(name, param) for name, param in trainable if under_prefix(name, prefix)]
+            matched = [
+                (name, param)
+                for name, param in trainable
+                if (not prefix or under_prefix(name, prefix))
+                and (kind is None or kind in kinds[id(param)])
+            ]
             if not matched:
+                what = f".params: {prefix!r}" if prefix else f".kind: {kind!r}"
+                what += f" of kind {kind!r}" if prefix and kind else ""
                 raise ConfigError(
-                    f"{where}: {prefix!r} matches no trainable parameter (frozen ones are left "
-                    f"out; names start with: {', '.join(name_prefixes(model))})"
+                    f"{where}{what} matches no trainable parameter (frozen ones are left out; "
+                    f"names start with: {', '.join(name_prefixes(model))})"
                 )
             for name, param in matched:
                 if name in owner:
+                    field = ".params" if "params" in group else ".kind"
                     raise ConfigError(
-                        f"{where}: {name} is already in optimizer.param_groups[{owner[name]}]"
+                        f"{where}{field}: {name} is already in optimizer.param_groups[{owner[name]}]"
                     )
                 owner[name] = index
                 params.append(param)
-        built.append({**group, "params": params})
+        options = {key: value for key, value in group.items() if key not in ("params", "kind")}
+        built.append({**options, "params": params})
     rest = [param for name, param in trainable if name not in owner]
     return ([{"params": rest}] if rest else []) + built
 
