@@ -119,11 +119,15 @@ class BaseDataLoader(abc.ABC):
                 ) from None
         return self._labels[split]
 
-    def training_samples(self) -> list:
-        """The untransformed pairs of the training share (without the validation data): what a
-        model's fit_data may fit its statistics on."""
-        train = self.dataset("train")
-        return [train[int(index)] for index in self.split_indices()[0]]
+    def training_samples(self, limit: int | None = None, *, transformed: bool = False) -> list:
+        """The pairs of the training share, never validation data: what a model's fit_data fits
+        its statistics on. limit: a seeded random `limit` of them; transformed: as the model sees
+        them in evaluation (view(split, augment=False)), else untransformed."""
+        indices, rng = self.split_indices()[0], np.random.default_rng([self.seed, 0xF17])
+        if limit is not None and limit < len(indices):
+            indices = rng.choice(indices, limit, replace=False)
+        train = self.view("train", False) if transformed else self.dataset("train")
+        return [train[int(index)] for index in indices]
 
     def split_indices(self) -> tuple[np.ndarray, np.ndarray]:
         """(train, validation) indices into the training split: fold `fold` when cross-validating,
@@ -145,17 +149,14 @@ class BaseDataLoader(abc.ABC):
     def fold_indices(self) -> tuple[np.ndarray, np.ndarray]:
         """(train, validation) indices of fold `fold` of `folds`.
 
-        The training split is dealt out class by class, in an order seeded by seed, to the folds
-        in turn: the folds are disjoint, cover the split, differ in size by at most one sample and
-        hold each class's share to within one sample (stratified).
-        """
+        The training split is dealt out class by class, in a seeded order, to the folds in turn:
+        disjoint, covering it, sizes and each class's share within one sample (stratified)."""
         if self.fold is None:
             raise DataError(
                 f"data_loader.args.fold: not set; choose which of the {self.folds} folds "
                 "validates, e.g. --set data_loader.args.fold=0"
             )
-        # Stratified by class when there are classes; data without them (a regression) is
-        # dealt out in the seeded order alone.
+        # Data without classes (a regression) is dealt out in the seeded order alone.
         num_train = len(self.dataset("train"))
         labels = self.labels("train") if self.class_names() else np.zeros(num_train, np.int64)
         if len(labels) < self.folds:
@@ -286,8 +287,7 @@ class BaseDataLoader(abc.ABC):
         )
 
     def check(self, num_classes: int | None) -> None:
-        """Refuse training labels outside the model's `num_classes` outputs (None: not known,
-        or not a classifier: nothing to check)."""
+        """Refuse training labels outside the model's `num_classes` outputs (None: unknown)."""
         if num_classes is None:
             return
         labels = self.labels("train")

@@ -8,9 +8,10 @@ import torchvision
 from torch import nn
 
 from base import BaseModel
+from model.fast_cifar import FastCifarCNN  # in __all__: configs name it here
 from utils import ConfigValueError, UserError, describe_error
 
-__all__ = ["CifarCNN", "DenoisingCNN", "TabularMLP", "TorchvisionModel"]
+__all__ = ["CifarCNN", "DenoisingCNN", "FastCifarCNN", "TabularMLP", "TorchvisionModel"]
 
 
 class CifarCNN(BaseModel):
