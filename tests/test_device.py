@@ -7,6 +7,7 @@ stands in for "a device that is not the CPU" where a real one is needed. MPS its
 
 import json
 import logging
+import platform
 
 import pytest
 import torch
@@ -187,6 +188,30 @@ def test_a_cuda_gpu_without_bf16_refuses_bf16_up_front(demo_parser, monkeypatch)
         UserError, match=r'trainer.amp: "bf16" does not run on cuda; set "fp16" or null'
     ):
         check_options(demo_parser(**{"trainer.amp": "bf16"}), torch.device("cuda", 0), LOGGER)
+
+
+@pytest.mark.parametrize(
+    ("machine_name", "avx512_bf16", "amx", "warned"),
+    [
+        ("x86_64", False, False, True),  # AVX2 only (e.g. an AMD EPYC before Zen 4)
+        ("x86_64", True, False, False),
+        ("x86_64", False, True, False),
+        ("arm64", False, False, False),  # nothing claimed where torch cannot tell
+    ],
+)
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_of(
+    demo_parser, monkeypatch, caplog, machine_name, avx512_bf16, amx, warned
+):
+    monkeypatch.setattr(platform, "machine", lambda: machine_name)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    with caplog.at_level(logging.WARNING):
+        check_options(demo_parser(**{"trainer.amp": "bf16"}), torch.device("cpu"), LOGGER)
+    assert ('trainer.amp "bf16" on a CPU without bf16 instructions' in caplog.text) == warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        check_options(demo_parser(**{"trainer.amp": None}), torch.device("cpu"), LOGGER)
+    assert "bf16" not in caplog.text
 
 
 def test_tf32_and_cudnn_benchmark_are_set_on_cuda_only(demo_parser):

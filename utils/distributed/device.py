@@ -9,6 +9,7 @@ saved. docs/performance.md#devices shows the same decisions as a table.
 import json
 import logging
 import os
+import platform
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ from utils.util import UserError
 
 # The torch release whose MPS backend has GradScaler kernels and an Inductor (compile) backend.
 MPS_TRAINING_TORCH = (2, 8)
+# torch.cpu's checks for the x86 instructions that compute bf16 (without them oneDNN emulates it).
+CPU_BF16_CHECKS = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +68,15 @@ def capabilities(device: torch.device) -> Capabilities:
         compile="yes" if cpu else "no", cuda_settings=False, fused_optimizers=False,
         backend=default_backend(device), sync_bn=False, float64=cpu,
     )  # fmt: skip
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (x86: AVX-512 BF16 or AMX tiles); True where torch
+    cannot tell (other architectures, a torch without the checks): nothing is claimed then."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    checks = [getattr(torch.cpu, name, None) for name in CPU_BF16_CHECKS]
+    return any(check is None or check() for check in checks)
 
 
 def run_device(
@@ -200,6 +212,11 @@ def check_options(
         runs = " or ".join(json.dumps(name) for name in can.autocast)
         fix = f"set {runs} or null" if runs else "set it null"
         raise UserError(f'{source}: trainer.amp: "{amp}" does not run on {kind}; {fix}')
+    if amp == "bf16" and kind == "cpu" and not cpu_computes_bf16():
+        logger.warning(
+            'trainer.amp "bf16" on a CPU without bf16 instructions (AVX-512 BF16 or AMX): torch '
+            "emulates them there, several times slower than fp32 (docs/performance.md); null: fp32"
+        )
     if training and amp == "fp16" and not can.grad_scaler:
         raise UserError(
             f'{source}: trainer.amp: "fp16" trains with a GradScaler, which torch {version} has '
