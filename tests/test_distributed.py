@@ -360,6 +360,7 @@ def test_fewer_validation_samples_than_ranks(config_path: Path) -> None:
     assert state["metrics"]["val/accuracy"] in (0.0, 1.0)  # one sample, counted once
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_a_mid_epoch_resume_restores_each_ranks_own_rng(spawn, config_path: Path) -> None:
     """With dropout and augmentation drawn per rank, a 2-process run stopped mid-epoch and
     resumed ends bit-for-bit where the uninterrupted run does."""

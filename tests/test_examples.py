@@ -85,6 +85,7 @@ def torchrun_two_processes(config: Path) -> str:
 # --- denoising: a new task without touching base/, train.py or the trainer --------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_denoising_learns_to_remove_noise(tmp_path):
     # The shipped network on 1,152 training images: 2 epochs of 36 steps.
     learn = {"data_loader.args.num_train": 1280, "data_loader.args.validation_split": 0.1}
@@ -166,6 +167,7 @@ def test_distillation_step_computes_its_loss(tmp_path, teacher, alpha):
     assert not any(param.requires_grad for param in trainer.teacher.parameters())
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_distillation_trains_resumes_and_runs_under_torchrun(tmp_path, teacher):
     config = distill_config(tmp_path, teacher)
     assert_resume_is_bit_exact(config)

@@ -258,6 +258,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_can_be_restarted(make_con
     assert (run_dir / "checkpoint-epoch2.pth").is_file()
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_the_run_id_of_a_run_without_checkpoints_can_be_reused(make_config):
     config = make_config(**{"optimizer": {"type": "SGD", "args": {"lr": 1e38}}})
     assert run_script("train.py", "-c", str(config), "--run-id", "again").returncode == 1

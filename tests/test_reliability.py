@@ -111,6 +111,7 @@ def test_sigkill_then_resume_is_bit_exact(spawn, config_path: Path, uninterrupte
     )
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_sigterm_saves_mid_epoch_and_resume_finishes_exactly(
     spawn, config_path: Path, uninterrupted: Path
 ) -> None:

@@ -234,6 +234,7 @@ def running(pid: int) -> bool:
 # --- real sweeps -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_a_grid_runs_two_at_once_ranks_its_trials_and_skips_them_when_run_again(make_config):
     config = make_config(**TINY)
     command = ["sweep.py", "-c", str(config), "--name", "lr", "--parallel", "2"]
@@ -269,6 +270,7 @@ def test_a_grid_runs_two_at_once_ranks_its_trials_and_skips_them_when_run_again(
     assert read_summary(folder) == rows
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_a_failed_trial_is_recorded_and_the_sweep_goes_on(make_config):
     config = make_config(**TINY)
     # Six halvings of a 32-pixel image: the model's constructor refuses it when the trial starts.
