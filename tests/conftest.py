@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from cifar_archive import archive_files, md5_attributes
+from torchvision.datasets import CIFAR10
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DIR = ROOT.parent / "shared" / "data" / "cifar10-sample"
@@ -215,3 +217,19 @@ def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = run_script("train.py", "-c", str(config), "--run-id", "demo")
     assert result.returncode == 0, result.stderr[-3000:]
     return folder / "saved" / "models" / "Demo_CifarCNN" / "demo" / "checkpoint-epoch1.pth"
+
+
+@pytest.fixture
+def cifar_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """data_dir/cifar-10-batches-py holding tests/cifar_archive.py's files.
+
+    torchvision checks each file's md5 against its class attributes; they are pointed at ours.
+    """
+    folder = tmp_path / "cifar" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    files = archive_files()
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    for name, value in md5_attributes(files, CIFAR10.meta).items():
+        monkeypatch.setattr(CIFAR10, name, value)
+    return folder.parent

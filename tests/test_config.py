@@ -358,7 +358,10 @@ def test_set_can_fill_a_defaulted_key(make_config):
     [
         ("trainer.epoch=3", "--set trainer.epoch=3: trainer.epoch: unknown key (known here: "),
         ("foo=1", "--set foo=1: foo: unknown key (known here: arch, batch_mixing, data_loader, "),
-        ("arch.kind=x", "--set arch.kind=x: arch.kind: unknown key (known here: args, type)"),
+        (
+            "arch.kind=x",
+            "--set arch.kind=x: arch.kind: unknown key (known here: args, freeze_norm_scale, type)",
+        ),
         # Only the last key may be new, and only inside args.
         ("arch.args.depth.x=1", "--set arch.args.depth.x=1: arch.args.depth: unknown key"),
         ("optimizer.lr=0.1", "--set optimizer.lr=0.1: optimizer.lr: unknown key"),
@@ -461,7 +464,7 @@ def test_shortcut_value_is_validated(make_config):
         (
             "arch.interval",
             "epoch",
-            "arch.interval: unknown key (allowed: ['args', 'freeze', 'type'])",
+            "arch.interval: unknown key (allowed: ['args', 'freeze', 'freeze_norm_scale', 'type'])",
         ),
         ("optimizer.type", 3, "optimizer.type: must be a non-empty string, got 3"),
         ("optimizer", "SGD", 'optimizer: must be {"type": ..., "args": {...}}'),

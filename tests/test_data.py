@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 from cifar_archive import CLASSES as CIFAR_CLASSES
-from cifar_archive import NUM_PER_BATCH, NUM_TEST, PLANTED, archive_files, md5_attributes
+from cifar_archive import NUM_PER_BATCH, NUM_TEST, PLANTED
 from conftest import NO_SAMPLE, SAMPLE_DIR, checkpoint_dirs, run_script
 from PIL import Image
-from torchvision.datasets import CIFAR10
 
 from base import EpochSampler
 from base.base_data_loader import DataError
@@ -283,22 +282,6 @@ def test_epoch_sampler_shares_with_padding(shuffle):
 
 
 # --- Cifar10DataLoader on a generated archive in torchvision's format ------------------------
-
-
-@pytest.fixture
-def cifar_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """data_dir/cifar-10-batches-py holding tests/cifar_archive.py's files.
-
-    torchvision checks each file's md5 against its class attributes; they are pointed at ours.
-    """
-    folder = tmp_path / "cifar" / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    files = archive_files()
-    for name, content in files.items():
-        (folder / name).write_bytes(content)
-    for name, value in md5_attributes(files, CIFAR10.meta).items():
-        monkeypatch.setattr(CIFAR10, name, value)
-    return folder.parent
 
 
 def cifar(data_dir: Path, **kwargs) -> Cifar10DataLoader:

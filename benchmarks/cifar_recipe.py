@@ -1,0 +1,99 @@
+"""The fast CIFAR-10 recipe (configs/cifar10_fast.json), measured on real images.
+
+The shipped config reads torchvision's CIFAR-10 archive (downloaded). This machine has the
+50,000 training images as JPEGs instead (../shared/data/cifar10-train/train.tar.gz): the script
+unpacks them once outside the repository, runs train.py on the same config with the data loader
+switched to ImageFolderDataLoader (preset "cifar"; every other key as shipped, 5,000 of the
+images held out for validation), and prints each epoch's validation accuracy and time, read from
+the run's metrics.csv. Any other config can be measured the same way (--config config.json).
+
+python benchmarks/cifar_recipe.py [--config configs/cifar10_fast.json] [--epochs N]
+    [--seed S] [--pipeline device|dataloader] [--data ../cifar10] [--archive PATH]
+    [--set KEY.PATH=VALUE ...]
+"""
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = ROOT.parent / "shared" / "data" / "cifar10-train" / "train.tar.gz"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/cifar10_fast.json")
+    parser.add_argument("--epochs", type=int, help="default: the config's")
+    parser.add_argument("--seed", type=int, help="default: the config's")
+    parser.add_argument(
+        "--pipeline", choices=["device", "dataloader"], help="default: the config's"
+    )
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "cifar10", help="unpacked here")
+    parser.add_argument("--archive", type=Path, default=ARCHIVE)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    return parser.parse_args(argv)
+
+
+def unpack(archive: Path, folder: Path) -> Path:
+    """folder/train/<class>/*.jpg from the archive, unless it is there already."""
+    if not (folder / "train").is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(folder, filter="data")
+    return folder
+
+
+def measured_config(args: argparse.Namespace, out: Path) -> Path:
+    """The config with its data read from the unpacked images, its outputs under `out`."""
+    config = json.loads((ROOT / args.config).read_text())
+    loader = config["data_loader"]
+    loader["type"] = "ImageFolderDataLoader"
+    loader["args"].pop("download", None)
+    loader["args"].update(data_dir=str(args.data), preset="cifar")
+    if args.pipeline:
+        loader["args"]["pipeline"] = args.pipeline
+    if args.epochs:
+        config["trainer"]["epochs"] = args.epochs
+    if args.seed is not None:
+        config["seed"] = args.seed
+    config["trainer"].update(save_dir=str(out), loggers=["csv"], save_period=10**6)
+    path = out / "config.json"
+    path.write_text(json.dumps(config, indent=4))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not (args.data / "train").is_dir() and not args.archive.is_file():
+        print(f"error: no images in {args.data} and no archive at {args.archive}", file=sys.stderr)
+        return 2
+    unpack(args.archive, args.data)
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        config = measured_config(args, out)
+        extra = [item for pair in args.set for item in ("--set", pair)]
+        start = time.perf_counter()
+        command = [sys.executable, "train.py", "-c", str(config), "--run-id", "run", *extra]
+        result = subprocess.run(command, cwd=ROOT)
+        seconds = time.perf_counter() - start
+        if result.returncode != 0:
+            return result.returncode
+        rows = list(csv.DictReader(next(out.glob("log/*/run/metrics.csv")).open()))
+    print(f"\n{args.config} ({' '.join(extra) or 'as shipped'}), {seconds:.0f} s in all")
+    print("epoch  val/accuracy  seconds  train samples/s")
+    for row in rows:
+        print(
+            f"{row['epoch']:>5}  {float(row['val/accuracy']):12.4f}  "
+            f"{float(row['time/epoch_seconds']):7.1f}  {float(row['time/train_samples_per_second']):15.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
