@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of the template on a CUDA machine, in one go: sized for about 8 minutes on one H200,
-# at most 11. Every step has its own time limit and a failed step does not stop the others.
+# GPU check of the template on a CUDA machine, in one go: sized for about 9 minutes on one H200,
+# at most 12. Every step has its own time limit and a failed step does not stop the others.
 # Prints, all to stdout:
 #   1. the GPU (nvidia-smi) and the torch build;
 #   2. benchmarks/throughput.py on cuda: fp32 / bf16 / channels_last / compile samples/s;
@@ -19,7 +19,11 @@
 #      JPEG folder with each pipeline: samples/s, data-wait fraction, val/accuracy);
 #   9. the GPU-marked tests: python -m pytest -q -m gpu (the no-sync tests, fp16 + fused; GPU
 #      JPEG decoding that never overwrites memory queued kernels read, pytorch/vision#9606; the
-#      averaged weights and metric sums without a host sync; cuda:N as the current device).
+#      averaged weights and metric sums without a host sync; cuda:N as the current device);
+#  10. the fast CIFAR-10 recipe (configs/cifar10_fast.json), its whole schedule on the device
+#      pipeline, timed: benchmarks/cifar_recipe.py's per-epoch validation accuracy and seconds
+#      (needs the real training images: ../shared/data/cifar10-train/train.tar.gz or
+#      CIFAR_ARCHIVE=PATH; skipped, and said so, without them).
 # Exit status: 0 when every step passed, else 1 (the failed steps are listed at the end).
 #
 #   bash benchmarks/gpu_check.sh          # on the GPU machine
@@ -331,6 +335,19 @@ run_step "pipeline_training.py: config.json on $device, each pipeline" 300 \
     --data-dir "$work_dir/cifar_size" "${pipeline_training_args[@]}"
 
 run_step "pytest -m gpu" 240 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider
+
+# 10. The fast CIFAR-10 recipe: the time to its accuracy on this device.
+archive=${CIFAR_ARCHIVE:-../shared/data/cifar10-train/train.tar.gz}
+if [[ -f $archive ]]; then
+    recipe_args=()
+    [[ $mode == gpu ]] || recipe_args=(--epochs 1 --set trainer.len_epoch=2)
+    run_step "configs/cifar10_fast.json on $device, pipeline device" 300 \
+        "$PYTHON" benchmarks/cifar_recipe.py --archive "$archive" --data "$work_dir/cifar10" \
+        --set "n_gpu=$n_gpu" "${recipe_args[@]}"
+else
+    echo
+    echo "=== configs/cifar10_fast.json: skipped, no $archive (set CIFAR_ARCHIVE=PATH)"
+fi
 
 echo
 if ((${#failed[@]})); then
