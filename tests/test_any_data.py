@@ -100,6 +100,7 @@ def test_a_plain_distributed_sampler_trains_and_resumes_exactly(registered, tmp_
     )
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_an_iterable_dataset_needs_len_epoch_and_resumes_exactly(registered, tmp_path, capsys):
     assert train.main(["-c", str(write_config(tmp_path, "StreamData"))]) == 2
     assert "the training data has no length: set trainer.len_epoch" in capsys.readouterr().err

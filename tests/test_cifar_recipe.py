@@ -230,6 +230,7 @@ def load_test_script() -> object:
     return script
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_the_recipe_resumes_mid_epoch_bit_exact_and_test_py_repeats_its_validation(
     stop_at, tmp_path, cifar_dir, pipeline

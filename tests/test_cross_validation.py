@@ -64,6 +64,7 @@ def test_k_fold_writes_fold_folders_and_a_summary_of_their_best_values(cross_val
     assert "Cross-validation over 3 folds" in cross_validated["stdout"]
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_test_py_on_a_fold_checkpoint_evaluates_that_fold(cross_validated, tmp_path):
     fold_dir = cross_validated["save_dir"] / RUN / "cv" / "fold-1"
     output = tmp_path / "val.json"
@@ -80,6 +81,7 @@ def test_test_py_on_a_fold_checkpoint_evaluates_that_fold(cross_validated, tmp_p
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_the_last_fold_to_finish_writes_the_summary(cross_validated, tmp_path, capsys):
     save_dir = tmp_path / "saved"
     shutil.copytree(cross_validated["save_dir"], save_dir)
@@ -98,6 +100,7 @@ def test_the_last_fold_to_finish_writes_the_summary(cross_validated, tmp_path, c
     assert "All 2 epochs are already done" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_one_fold_alone_trains_only_that_fold(cross_validated, tmp_path, capsys):
     save_dir = cross_validated["save_dir"].parent / "single"
     argv = ["-c", str(cross_validated["config_path"]), "--folds", "3", "--fold", "1"]

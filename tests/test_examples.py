@@ -115,6 +115,7 @@ def test_denoising_learns_to_remove_noise(tmp_path):
     assert report["per_class_accuracy"] == {}
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_denoising_resumes_bit_exact(tmp_path):
     assert_resume_is_bit_exact(config_file(tmp_path, "configs/denoise.json", "d.json", **DENOISE))
 

@@ -240,6 +240,7 @@ def test_compile_does_not_recompile_after_the_first_epoch(make_config):
 # --- 10. a run that crashed before its first checkpoint ----------------------------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_a_run_that_failed_before_its_first_checkpoint_can_be_restarted(make_config):
     # SGD at lr 1e38 overflows at once: the run stops with an error and holds only config.json.
     config = make_config(**{"optimizer": {"type": "SGD", "args": {"lr": 1e38}}})

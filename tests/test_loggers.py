@@ -206,6 +206,7 @@ def stopped_and_resumed(tmp_path: Path, loggers: list[str], **options) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_csv_rows_equal_the_checkpoints_after_a_stop_and_two_resumes(stop_at, tmp_path):
     run_dir = stopped_and_resumed(tmp_path, ["tensorboard", "csv"])
     log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "run"

@@ -251,6 +251,7 @@ def test_distributed_metrics_equal_scikit_learn_on_the_same_predictions(tmp_path
 # --- 5, 6. a task that is not images: trained, tested, predicted, exported ----------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_the_tabular_example_beats_the_mean_and_predicts_and_exports(tmp_path):
     pytest.importorskip("sklearn")
     config = tabular(tmp_path, trainer={"epochs": 10})
@@ -353,6 +354,7 @@ def test_workers_persist_by_default_and_a_mid_epoch_resume_with_them_is_exact(st
 # --- 11. the smaller items -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_regression_runs_say_no_classes_refuse_a_confusion_image_early_and_cross_validate(tmp_path):
     pytest.importorskip("sklearn")
     config = tabular(tmp_path)
@@ -366,6 +368,7 @@ def test_regression_runs_say_no_classes_refuse_a_confusion_image_early_and_cross
     assert " samples, " not in refused.stdout  # refused before the evaluation
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_gpu_check_stops_at_once_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: gpu_check.sh runs")

@@ -60,6 +60,7 @@ def test_checkpoints_carry_the_class_names(demo_checkpoint):
     assert torch.load(demo_checkpoint, weights_only=True)["class_names"] == CLASSES
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_folders_and_globs_in_path_order_as_csv_and_json(demo_checkpoint, tmp_path):
     images = tmp_path / "images"
     write_images(images, ["b/2.png", "b/10.jpg", "a/z.png", "a/deep/x.bmp"])

@@ -84,6 +84,7 @@ def test_top_k_checkpoints_are_the_best_epochs(reference: dict) -> None:
     assert load_checkpoint(run_dir / "model_best.pth")["epoch"] == best
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_test_py_ema_reproduces_the_validation_of_the_averaged_weights(
     reference: dict, tmp_path: Path
 ) -> None:
@@ -102,6 +103,7 @@ def test_test_py_ema_reproduces_the_validation_of_the_averaged_weights(
         assert tested["val/loss"] == pytest.approx(metrics[f"{prefix}loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_test_py_ema_without_an_average_is_a_one_line_error(make_config) -> None:
     config = make_config(**{"trainer.epochs": 1, "trainer.tensorboard": False})
     assert run_script("train.py", "-c", str(config), "--run-id", "plain").returncode == 0
@@ -111,6 +113,7 @@ def test_test_py_ema_without_an_average_is_a_one_line_error(make_config) -> None
     assert result.stderr.count("\n") == 1 and "holds no averaged weights" in result.stderr
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_mid_epoch_stop_then_resume_is_bit_exact_with_every_technique(
     spawn, config_path: Path, reference: dict
 ) -> None:

@@ -94,6 +94,7 @@ def test_outputs_with_keep_last(uninterrupted: Path) -> None:
     assert read_latest(uninterrupted)[0] == uninterrupted / "checkpoint-epoch3.pth"
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_sigkill_then_resume_is_bit_exact(spawn, config_path: Path, uninterrupted: Path) -> None:
     run_dir = config_path.parent / "saved" / RUN / "killed"
     process = start_training(spawn, config_path, "killed")
@@ -143,6 +144,7 @@ def test_sigterm_saves_mid_epoch_and_resume_finishes_exactly(
     )
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_a_failed_save_leaves_the_previous_checkpoint_resumable(
     uninterrupted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

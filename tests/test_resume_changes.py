@@ -292,6 +292,7 @@ class NoFloat64(TorchDispatchMode):
         return out
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_metric_sums_use_no_float64_where_the_device_has_none_and_stay_exact(monkeypatch):
     cpu = utils.distributed.device.capabilities(torch.device("cpu"))
     monkeypatch.setattr(
@@ -409,6 +410,7 @@ def test_ema_warmup_reset_restarts_the_average_until_the_warmup_is_over(stop_at,
     assert not torch.equal(a["module.head.weight"], b["module.head.weight"])
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_tools_load_the_weights_the_monitor_chose(stop_at, tmp_path):
     trainer = {"epochs": 1, "ema_decay": 0.5, "monitor": "max val/ema_accuracy", "type": "Trainer"}
     config = demo(tmp_path, trainer=trainer)

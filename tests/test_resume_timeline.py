@@ -205,6 +205,7 @@ def write_images(folder: Path, count: int) -> None:
         Image.fromarray(pixels).save(folder / "train" / label / f"{index:03d}.png")
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_other_data_is_refused_on_resume_and_by_test_py_val_unless_allowed(tmp_path, capsys):
     data = tmp_path / "images"
     write_images(data, 40)

@@ -70,6 +70,7 @@ def test_outputs_of_a_run(trained_run: dict) -> None:
     assert {event.step for event in events.Scalars("train/step_loss")} <= set(range(1, 17))
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_resume_continues_in_the_same_folder(trained_run: dict, tmp_path: Path) -> None:
     import shutil
 
@@ -88,6 +89,7 @@ def test_resume_continues_in_the_same_folder(trained_run: dict, tmp_path: Path) 
     assert json.loads((run_dir / "config.json").read_text())["trainer"]["epochs"] == 3
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_test_py_reports_the_validation_accuracy_training_saw(
     trained_run: dict, tmp_path: Path
 ) -> None:
@@ -112,6 +114,7 @@ def test_test_py_reports_the_validation_accuracy_training_saw(
     assert "test/accuracy" in result.stdout and "accuracy of disk" in result.stdout
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_fine_tune_with_a_new_config_starts_a_new_run_at_epoch_1(
     trained_run: dict, make_config
 ) -> None:
@@ -139,6 +142,7 @@ def test_fine_tune_with_a_new_config_starts_a_new_run_at_epoch_1(
         torch.testing.assert_close(state["model"][key], original[key], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_fine_tune_with_continue_keeps_the_epoch_count(trained_run: dict, make_config) -> None:
     run_dir = trained_run["save_dir"] / "models" / "Demo_CifarCNN" / "first"
     config = make_config(
@@ -160,6 +164,7 @@ def test_fine_tune_with_continue_keeps_the_epoch_count(trained_run: dict, make_c
     ]
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_iteration_based_epochs_and_save_period(make_config) -> None:
     # 8 batches per pass; len_epoch 13 spans two passes. save_period 2 of 3 epochs: 2 and the last.
     config = make_config(
@@ -180,6 +185,7 @@ def test_iteration_based_epochs_and_save_period(make_config) -> None:
     assert torch.load(run_dir / "checkpoint-epoch3.pth", weights_only=True)["global_step"] == 3 * 13
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_new_project_copy_runs_its_own_demo_and_tests(tmp_path: Path) -> None:
     if not (ROOT / "new_project.py").is_file():
         pytest.skip("this is a copy made by new_project.py, which leaves itself out")
