@@ -28,14 +28,11 @@ from parse_config import ConfigError, ConfigParser
 from utils.data.batches import global_batch
 from utils.distributed.device import capabilities
 from utils.distributed.process_group import ProcessInfo, is_distributed, once_per_node
+from utils.distributed.sharding import check_fsdp_backend, checkpoint_activations, shard_model
 from utils.optim.optimizer import NORM_LAYERS, build_optimizer
-from utils.state.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_model_state,
-    use_averaged_weights,
-)
-from utils.util import ConfigValueError
+from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
+from utils.state.sharded import load_model_state
+from utils.util import ConfigValueError, amp_dtype
 
 
 def build_loss(config: ConfigParser) -> Callable:
@@ -146,16 +143,28 @@ def build_trainer(
     model = model.to(device)
     if info.world_size > 1 and config["distributed"]["sync_bn"]:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    options = config["trainer"]
+    if options["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)  # NHWC: faster convolutions on GPUs
+    if options["activation_checkpointing"]:
+        count = checkpoint_activations(model)
+        logger.info("Activation checkpointing: %d blocks recompute their activations.", count)
+    fsdp = is_distributed() and config["distributed"]["strategy"] == "fsdp"
+    if fsdp:  # before the optimizer: fully_shard replaces the parameters with their shards
+        check_fsdp_backend(torch.distributed.get_backend())
+        count = shard_model(
+            model,
+            amp_dtype=amp_dtype(options["amp"]),
+            reshard_after_forward=config["distributed"]["reshard_after_forward"],
+        )
+        logger.info("FSDP: %d blocks and the root sharded over %d ranks.", count, info.world_size)
     criterion = build_loss(config)
     metric_fns = build_metrics(config, device)
     optimizer = None
     if training:
         optimizer = build_optimizer(config, model, device, info.world_size)
         log_learning_rates(config, optimizer, global_batch(config, info.world_size), logger)
-    options = config["trainer"]
-    if options["channels_last"]:
-        model = model.to(memory_format=torch.channels_last)  # NHWC: faster convolutions on GPUs
-    if is_distributed():
+    if is_distributed() and not fsdp:
         # No buffer broadcast before every forward: rank 0's BatchNorm statistics come from its
         # own batches either way, and validation copies them to every rank (sync_buffers).
         device_ids = None if device.index is None else [device.index]

@@ -36,6 +36,7 @@ from utils.config.config_checks import (
     REQUIRED,
     SAMPLER,
     SMOOTHING,
+    STRATEGY,
     STRING,
     VALIDATION_SPLIT,
     Marker,
@@ -190,6 +191,10 @@ class DistributedConfig:
     """distributed: used only under torchrun."""
 
     backend: str | None = key(None, BACKEND, '`"nccl"` or `"gloo"`; `null`: by device')
+    strategy: str = key("ddp", STRATEGY, '`"ddp"`: whole model per rank; `"fsdp"`: FSDP2 shards it')
+    reshard_after_forward: bool = key(
+        True, BOOL, "with fsdp: free each block's gathered parameters after its forward pass"
+    )
     sync_bn: bool = key(False, BOOL, "convert BatchNorm layers to SyncBatchNorm")
     timeout: float | None = key(
         None,

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from utils import ConfigValueError
+from utils.distributed.sharding import default_blocks
 from utils.optim.optimizer import name_prefixes, under_prefix
 
 if TYPE_CHECKING:
@@ -31,6 +32,13 @@ class BaseModel(nn.Module, abc.ABC):
         the data, from the training split only (data.training_samples(): the untransformed
         pairs, never validation or test data), into buffers, which checkpoints keep. E.g. the
         statistics TabularMLP standardises its inputs and targets with."""
+
+    def blocks(self) -> list[nn.Module]:
+        """The repeated submodules, in order: FSDP (distributed.strategy "fsdp") shards each on
+        its own before the root, and trainer.activation_checkpointing recomputes each. Default:
+        default_blocks (utils/distributed/sharding.py): ResNets' layer1..layerN, the children of
+        a container named layers, blocks or features. Override it for another architecture."""
+        return default_blocks(self)
 
     def freeze(self, prefixes: list[str]) -> None:
         """Stop training every parameter whose name is a prefix or lies under one (whole name

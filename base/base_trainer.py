@@ -6,7 +6,6 @@ log_step reads, the progress bar, the loggers, stop signals, checkpoints and res
 """
 
 import abc
-import contextlib
 import functools
 import logging
 import signal
@@ -33,6 +32,7 @@ from utils.data.batches import (
     to_device,
 )
 from utils.distributed.process_group import all_reduce_max, is_distributed, world_size
+from utils.distributed.sharding import gradient_sync
 from utils.evaluation.confusion import ConfusionMatrix
 from utils.evaluation.metric_sums import MetricFn, MetricSums, StepOutput
 from utils.evaluation.monitor import Monitor
@@ -246,9 +246,8 @@ class BaseTrainer(abc.ABC):
             group_start = first_batch + (step - first_batch - 1) // accumulate * accumulate
             group_size = min(accumulate, last_step - group_start)
             ends_group = step == group_start + group_size
-            # DDP all-reduces gradients in backward: only on the group's last batch.
-            no_sync = getattr(self.model, "no_sync", None)
-            with contextlib.nullcontext() if ends_group or no_sync is None else no_sync():
+            # DDP and FSDP reduce gradients in backward: only on the group's last batch.
+            with gradient_sync(self.model, ends_group):
                 with torch.autocast(self.device.type, self.amp_dtype, self.amp_dtype is not None):
                     result = self.training_step(batch)
                 if self.options["nonfinite"] == "skip" and not all_finite(result.loss):

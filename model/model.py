@@ -47,8 +47,9 @@ class CifarCNN(BaseModel):
                 f"in_shape {list(in_shape)} is too small for {len(widths)} blocks "
                 f"(each halves the image); use fewer widths or larger images"
             )
-        layers: list[nn.Module] = []
+        blocks: list[nn.Module] = []
         for out_channels in widths:
+            layers: list[nn.Module] = []
             for _ in range(convs_per_block):
                 layers += [
                     # No conv bias: the BatchNorm right after it has its own.
@@ -57,8 +58,8 @@ class CifarCNN(BaseModel):
                     nn.ReLU(inplace=True),
                 ]
                 channels = out_channels
-            layers.append(nn.MaxPool2d(2))
-        self.features = nn.Sequential(*layers)
+            blocks.append(nn.Sequential(*layers, nn.MaxPool2d(2)))
+        self.features = nn.Sequential(*blocks)  # the blocks FSDP shards one by one (blocks())
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(channels * out_height * out_width, num_classes)
         self.num_classes = num_classes  # the trainer checks the data's labels against it

@@ -63,7 +63,7 @@ def test_resume_loads_on_the_cpu_and_places_state_on_the_training_device(tmp_pat
         sums = torch.ones(5, dtype=torch.float64)
         trainer.state.batches, trainer.state.samples = 2, 64
         trainer.state.epoch_sums = {"totals": sums, "logged": sums}
-    state = checkpoint_state(trainer, {"train/loss": 1.0})
+    state = checkpoint_state(trainer, {"train/loss": 1.0})[0]
     path = tmp_path / "checkpoint-epoch1.pth"
     save_checkpoint(state, path)
 
@@ -81,7 +81,7 @@ def test_resume_loads_on_the_cpu_and_places_state_on_the_training_device(tmp_pat
 
 
 def test_the_checkpoint_holds_one_rng_state_per_rank(tmp_path):
-    state = checkpoint_state(make_trainer(tmp_path, torch.device("cpu")), {})
+    state = checkpoint_state(make_trainer(tmp_path, torch.device("cpu")), {})[0]
     assert isinstance(state["rng"], list) and len(state["rng"]) == 1
     assert state["rng"][0]["torch"].device.type == "cpu" and state["rng"][0]["cuda"] is None
 

@@ -33,7 +33,7 @@ def test_cifar_cnn_head_matches_the_feature_map(in_shape, widths, convs_per_bloc
         in_shape=in_shape, num_classes=7, widths=widths, convs_per_block=convs_per_block
     )
     assert model.head.in_features == in_features
-    num_convs = sum(isinstance(layer, nn.Conv2d) for layer in model.features)
+    num_convs = sum(isinstance(layer, nn.Conv2d) for layer in model.features.modules())
     assert num_convs == len(widths) * convs_per_block
     # The forward pass is the real check: a wrong in_features fails in the Linear layer.
     output = model(torch.randn(3, *in_shape))

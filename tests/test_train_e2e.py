@@ -138,7 +138,7 @@ def test_fine_tune_with_a_new_config_starts_a_new_run_at_epoch_1(
     assert state["epoch"] == 2 and state["global_step"] == 2 * 8
     # It started from the checkpoint's weights, not from a new initialisation.
     original = torch.load(checkpoint, weights_only=True)["model"]
-    for key in ("features.0.weight", "head.weight"):
+    for key in ("features.0.0.weight", "head.weight"):
         torch.testing.assert_close(state["model"][key], original[key], rtol=0, atol=1e-6)
 
 

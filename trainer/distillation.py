@@ -21,7 +21,8 @@ from base import StepOutput
 from parse_config import ConfigParser
 from trainer.trainer import Trainer
 from utils import ConfigValueError
-from utils.state.checkpoint import load_checkpoint, load_model_state
+from utils.state.checkpoint import load_checkpoint
+from utils.state.sharded import load_model_state
 
 
 class DistillationTrainer(Trainer):

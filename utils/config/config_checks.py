@@ -11,6 +11,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from utils.util import ConfigError
+
 # data_loader.args.sampler: how each epoch draws the training data (BaseDataLoader).
 SAMPLERS = ("random", "sequential", "subset_random", "weighted")
 # The values of the config key `device`; -d takes GPU indices instead (CUDA_VISIBLE_DEVICES).
@@ -119,6 +121,7 @@ DEVICE: Check = (
     lambda v: isinstance(v, str) and DEVICE_NAME.fullmatch(v) is not None,
     '"auto", "cpu", "cuda", "cuda:N" (N = 0, 1, ...) or "mps"',
 )
+STRATEGY: Check = choice("ddp", "fsdp")
 BACKEND: Check = (lambda v: v in (None, "nccl", "gloo"), '"nccl", "gloo" or null (automatic)')
 NONFINITE: Check = choice("stop", "skip")
 AMP: Check = choice(None, "bf16", "fp16")
@@ -162,3 +165,22 @@ def key(default: Any, check: Check | None, doc: str) -> Any:
 def metric_names(metrics: list) -> list[str]:
     """The names of the config's metrics (their keys: val/<name>), entries given either way."""
     return [item if isinstance(item, str) else item.get("type") for item in metrics]
+
+
+def check_strategy(config: dict, source: str) -> None:
+    """What FSDP (distributed.strategy "fsdp") does not combine with, refused up front."""
+    if config["distributed"]["strategy"] != "fsdp":
+        return
+    trainer = config["trainer"]
+    refused = {
+        "distributed.sync_bn": (config["distributed"]["sync_bn"], "SyncBatchNorm wraps DDP's"),
+        "trainer.ema_decay": (
+            trainer["ema_decay"] is not None,
+            "the average would be a whole copy of the model on every rank",
+        ),
+        "trainer.compile": (trainer["compile"], "compiling a sharded model is not supported here"),
+        "trainer.amp": (trainer["amp"] == "fp16", 'use "bf16" (no GradScaler for shards)'),
+    }
+    for name, (used, why) in refused.items():
+        if used:
+            raise ConfigError(f'{source}: {name}: not with distributed.strategy "fsdp" ({why})')

@@ -23,7 +23,7 @@ from config_schema import (
     Section,
     TrainerConfig,
 )
-from utils.config.config_checks import PARAM_KINDS, PREFIX_LIST, Check, metric_names
+from utils.config.config_checks import PARAM_KINDS, PREFIX_LIST, Check, check_strategy, metric_names
 from utils.config.monitor import parse_monitor
 from utils.util import ConfigError
 
@@ -131,6 +131,7 @@ def validate(config: dict, source: str) -> dict:
     """Check every key of a config; return a copy with defaults filled in."""
     config = with_defaults(config)
     _check_section(config, Config, "", source)
+    check_strategy(config, source)
     ema = config["trainer"]["ema_decay"] is not None
     parse_monitor(config["trainer"]["monitor"], metric_names(config["metrics"]), source, ema=ema)
     return config

@@ -10,7 +10,7 @@ from typing import BinaryIO
 
 import torch
 
-from utils.util import UserError, describe_error, unwrap_model
+from utils.util import UserError, describe_error
 
 LATEST = "latest"  # a file in the run folder naming the head of the run's timeline
 # checkpoint-epoch<E>.pth: epoch E done; checkpoint-epoch<E>-step<S>.pth: inside epoch E, at
@@ -143,20 +143,6 @@ def use_averaged_weights(state: dict, requested: str) -> bool:
     if requested == "auto":
         return state.get("weights") == "ema"
     return requested == "ema"
-
-
-def load_model_state(model: torch.nn.Module, state: dict, path: Path, *, ema: bool = False) -> None:
-    """Load state["model"] (or with ema, the averaged weights) into `model` (unwrapped from
-    DDP); a mismatch is a CheckpointError."""
-    model = unwrap_model(model)
-    try:
-        model.load_state_dict(ema_weights(state, path) if ema else state["model"])
-    except RuntimeError as error:
-        detail = " ".join(str(error).split())[:300]
-        arch = state["config"].get("arch", {}).get("type", "?")
-        raise CheckpointError(
-            f"{path}: its weights (arch {arch}) do not fit the configured model: {detail}"
-        ) from None
 
 
 def checkpoint_name(epoch: int, step: int | None = None) -> str:

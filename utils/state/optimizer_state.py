@@ -4,6 +4,7 @@ saved state mapped by name, and the schedule rebuilt and stepped to where the ru
 (utils/state/resume.py calls these; a warning names what was rebuilt)."""
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from utils.optim.schedule import (
@@ -14,6 +15,7 @@ from utils.optim.schedule import (
     schedule_change,
 )
 from utils.state.checkpoint import CheckpointError
+from utils.state.sharded import load_optimizer_shards, shards_folder
 from utils.state.training_state import parameter_names
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 OPTIMIZER_KEYS = ("args", "param_groups", "norm_bias_weight_decay", "reference_batch_size")
 
 
-def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict) -> bool:
+def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict, path: Path) -> bool:
     """The saved optimizer state, whole when its config is unchanged; else the config's
     hyperparameters (learning rates, weight decay, groups) with the saved per-parameter state
     (momentum, Adam's moments) mapped by parameter name. Returns whether the saved
@@ -35,7 +37,11 @@ def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict) -> bool:
     change = optimizer_change(saved, current, state.get("geometry"), trainer.geometry)
     saved_names = state.get("optimizer_params")
     names = parameter_names(trainer.model, optimizer)
+    sharded = shards_folder(state, path) is not None
     if change is None and (saved_names is None or saved_names == names):
+        if sharded:
+            load_optimizer_shards(trainer.model, optimizer, state, path, whole=True)
+            return True
         try:
             optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError) as error:
@@ -44,6 +50,15 @@ def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict) -> bool:
     change = change or "the optimizer's parameters changed"
     if saved["optimizer"]["type"] != current["optimizer"]["type"] or saved_names is None:
         logger.warning("%s: a new optimizer, its state starts afresh.", change)
+        return False
+    if sharded:  # its state is kept by parameter name
+        count = load_optimizer_shards(trainer.model, optimizer, state, path, whole=False)
+        flat_count = sum(len(group) for group in names)
+        logger.warning(
+            "%s: learning rates, weight decay and parameter groups as the config says now; the "
+            "state of %d of %d parameters (momentum, moments) restored by name.",
+            change, count, flat_count,
+        )  # fmt: skip
         return False
     saved_index = {
         name: index for index, name in enumerate(n for group in saved_names for n in group)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from utils.distributed.process_group import process_info
 from utils.state.checkpoint import TEMPORARY_NAME, remove_temporaries, write_text_atomic
+from utils.state.sharded import collect_garbage
 from utils.state.timeline import (
     ABANDONED,
     ResumePoint,
@@ -101,6 +102,11 @@ def prepare_run_folder(config: "ConfigParser", point: ResumePoint) -> None:
             set_aside(config.checkpoint_dir, point, logger)
             # A kill between a save and its deletions left one checkpoint too many.
             drop_oldest(config.checkpoint_dir, config["trainer"]["keep_last"])
+        # Shards folders no checkpoint names: a save cut short, or the kill above.
+        cleared = collect_garbage(config.checkpoint_dir)
+        if cleared:
+            logger.info("Removed %d shards folder(s) no checkpoint names: %s", len(cleared),
+                        ", ".join(cleared))  # fmt: skip
         text = json.dumps(config.config, indent=4) + "\n"
         write_text_atomic(config.checkpoint_dir / "config.json", text)
     except OSError as error:

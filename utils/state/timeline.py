@@ -25,6 +25,7 @@ from utils.state.checkpoint import (
     write_atomic,
     write_latest,
 )
+from utils.state.sharded import check_shards, move_with_shards, referenced_folders
 
 ABANDONED = "abandoned"  # <run folder>/abandoned/<time>/: the files of timelines left behind
 
@@ -79,6 +80,7 @@ def choose(run_dir: Path, logger: logging.Logger) -> ResumePoint | None:
     for path in reversed(chain):
         try:
             state = load_checkpoint(path, mmap=True)
+            check_shards(state, path)  # a sharded checkpoint's folder must load too
         except CheckpointError as error:
             logger.warning("%s; resuming from the checkpoint before it.", error)
             damaged.append(path)
@@ -98,6 +100,7 @@ def from_file(path: Path, *, same_run: bool) -> ResumePoint:
     """A checkpoint named with -r. In its own run, the checkpoints after it are set aside, and
     unless they were another timeline's anyway, it starts a new timeline."""
     state = load_checkpoint(path, mmap=True)  # unreadable: a one-line error, nothing touched
+    check_shards(state, path)
     own = timeline_of(state)
     if not same_run:  # fine-tuning: a new run, its folder is not touched
         return ResumePoint(path, new_timeline_id(), new_timeline=True)
@@ -140,8 +143,9 @@ def set_aside(run_dir: Path, point: ResumePoint, logger: logging.Logger) -> Path
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     folder = run_dir / ABANDONED / f"{stamp}-{secrets.token_hex(2)}"
     folder.mkdir(parents=True)
-    for path in moved:
-        path.rename(folder / path.name)
+    staying = referenced_folders(run_dir, excluding=moved)
+    for path in moved:  # with its shards folder (a sharded checkpoint)
+        move_with_shards(path, folder, staying)
     logger.warning(
         "Continuing from %s: %d later file(s) of the run (%s) set aside in %s; they are kept, "
         "and never resumed.",

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from utils.distributed.process_group import gather_objects, on_rank0
+from utils.distributed.process_group import gather_objects, on_rank0, sync_buffers
 from utils.state.checkpoint import (
     checkpoint_name,
     save_checkpoint,
     sorted_checkpoints,
     write_latest,
 )
-from utils.util import SaveError, StopInEpoch, get_rng_state, unwrap_model
+from utils.state.sharded import KEY as SHARDS_KEY
+from utils.state.sharded import collect_garbage, split_state, write_shards
+from utils.util import SaveError, StopInEpoch, describe_error, get_rng_state, unwrap_model
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
@@ -93,17 +95,27 @@ def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     ]
 
 
-def checkpoint_state(trainer: "BaseTrainer", metrics: dict[str, float]) -> dict:
-    """Everything the next step depends on, as tensors and built-in types only.
+def checkpoint_state(trainer: "BaseTrainer", metrics: dict[str, float]) -> tuple[dict, dict | None]:
+    """Everything the next step depends on, as tensors and built-in types only: (the
+    checkpoint file's contents, None); with distributed.strategy "fsdp" (the checkpoint file's,
+    the sharded tensors of the model and the optimizer for a DCP folder: utils/state/sharded.py).
 
     Called on every rank alike: it gathers each rank's RNG state (a collective).
     """
     monitored = trainer.monitor.key
-    return {
+    shards = None
+    if trainer.config["distributed"]["strategy"] == "fsdp":
+        # Buffers (BatchNorm's statistics) are not sharded: DCP writes one rank's copy, any
+        # rank's. Rank 0's, as DDP's checkpoints hold and validation uses (sync_buffers).
+        sync_buffers(unwrap_model(trainer.model))
+        shards, optimizer_state = split_state(trainer.model, trainer.optimizer)
+    else:
+        optimizer_state = trainer.optimizer.state_dict()
+    state = {
         "format": FORMAT,
         **trainer.state.state_dict(),
-        "model": unwrap_model(trainer.model).state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
+        "model": None if shards else unwrap_model(trainer.model).state_dict(),
+        "optimizer": optimizer_state,
         "optimizer_params": parameter_names(trainer.model, trainer.optimizer),
         "lr_scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler else None,
         "schedule": trainer.schedule_signature,
@@ -124,31 +136,48 @@ def checkpoint_state(trainer: "BaseTrainer", metrics: dict[str, float]) -> dict:
         # W&B's and MLflow's run ids (rank 0's loggers): a resume continues those runs.
         "logger_runs": dict(trainer.loggers.run_ids),
     }
+    return state, shards
 
 
 def save(
     trainer: "BaseTrainer",
-    state: dict,
+    parts: tuple[dict, dict | None],
     path: Path | None,
     *,
     improved: bool = False,
     in_top_k: bool = False,
     dropped: tuple[int, ...] = (),
 ) -> None:
-    """Save `state` on rank 0: at `path` (a periodic, last or mid-epoch checkpoint; None: not),
-    and as the best models. Every rank agrees on the outcome: a save that failed (a full disk)
-    stops them all with the same one-line SaveError, so none is left waiting in a collective."""
+    """Save checkpoint_state's `parts` at `path` (a periodic, last or mid-epoch checkpoint;
+    None: not), and as the best models: the shards by every rank, then the files by rank 0.
+    Every rank agrees on the outcome: a save that failed (a full disk) stops them all with the
+    same one-line SaveError, so none is left waiting in a collective."""
+    state, shards = parts
+    intact = (
+        "the checkpoints saved before are intact: make room, then resume with -r "
+        f"{trainer.checkpoint_dir}"
+    )
+    if shards is not None and (path is not None or improved or in_top_k):
+        try:  # DCP raises every rank's error on every rank
+            state[SHARDS_KEY] = write_shards(
+                trainer.checkpoint_dir, shards, trainer.state.global_step
+            )
+        except Exception as error:
+            raise SaveError(
+                f"{trainer.checkpoint_dir}: cannot save the shards ({describe_error(error)}); "
+                f"{intact}"
+            ) from None
 
     def write() -> None:
         try:
             if path is not None:
                 write_checkpoint(trainer, state, path)
             save_best(trainer, state, improved=improved, in_top_k=in_top_k, dropped=dropped)
+            if shards is not None:  # the shards of checkpoints just dropped
+                collect_garbage(trainer.checkpoint_dir)
         except OSError as error:
             raise SaveError(
-                f"{error.filename or path}: cannot save ({error.strerror or error}); the "
-                "checkpoints saved before are intact: make room, then resume with -r "
-                f"{trainer.checkpoint_dir}"
+                f"{error.filename or path}: cannot save ({error.strerror or error}); {intact}"
             ) from None
 
     on_rank0(write)
@@ -177,10 +206,10 @@ def save_epoch_end(
     """Epoch `epoch` done: its checkpoint every save_period epochs and at the `last` one, and the
     best models. Returns the checkpoint's path (where a stop after it resumes)."""
     trainer.state.epoch = epoch
-    state = checkpoint_state(trainer, metrics)  # on every rank: it gathers the RNG states
+    parts = checkpoint_state(trainer, metrics)  # on every rank: it gathers the RNG states
     path = trainer.checkpoint_dir / checkpoint_name(epoch)
     periodic = epoch % trainer.options["save_period"] == 0 or last
-    save(trainer, state, path if periodic else None, improved=improved, in_top_k=in_top_k,
+    save(trainer, parts, path if periodic else None, improved=improved, in_top_k=in_top_k,
          dropped=tuple(dropped))  # fmt: skip
     return path
 

@@ -1,0 +1,55 @@
+"""Under torchrun: one FSDP step of CifarCNN on this rank's half of a fixed global batch, with
+the template's sharding and gradient clipping; rank 0 saves the whole gradients, the clipped
+gradients' norm and the weights after one more SGD step to the file argv[1] (tests/test_fsdp.py
+compares them with one process on the whole batch)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from model.model import CifarCNN
+from utils.distributed.sharding import shard_model
+
+GLOBAL_BATCH = 8
+
+
+def fixed_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randn(GLOBAL_BATCH, 3, 16, 16, generator=generator)
+    return images, torch.randint(0, 10, (GLOBAL_BATCH,), generator=generator)
+
+
+def new_model() -> CifarCNN:
+    """In evaluation mode: BatchNorm normalises with its running statistics, so that a sample's
+    gradient does not depend on the other samples on its rank (in training mode each rank
+    normalises by its own share of the batch, with DDP as with FSDP)."""
+    torch.manual_seed(0)
+    return CifarCNN(in_shape=[3, 16, 16], widths=[8, 16], convs_per_block=1).eval()
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = new_model()
+    shard_model(model, amp_dtype=None, reshard_after_forward=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    images, labels = fixed_batch()
+    mine = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
+    nn.functional.cross_entropy(model(images[mine]), labels[mine]).backward()
+    grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    norm = nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    optimizer.step()
+    weights = {name: p.full_tensor() for name, p in model.named_parameters()}
+    if rank == 0:
+        torch.save({"grads": grads, "norm": norm, "weights": weights}, sys.argv[1])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""FSDP2 (distributed.strategy "fsdp") on CPU with gloo, 2 processes: the gradients and weights
+of one process on the global batch and of DDP, sharded checkpoints that resume bit-exact inside
+an epoch, on another world size, after a kill inside a save, and that test.py reads alone."""
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_script, shrink
+from ports import free_port
+
+from model.model import CifarCNN, TorchvisionModel
+from parse_config import ConfigError
+from utils.config.load_config import validate
+from utils.distributed.sharding import (
+    GLOO_FSDP_MIN_TORCH,
+    check_fsdp_backend,
+    checkpoint_activations,
+    default_blocks,
+    torch_version,
+)
+from utils.state.checkpoint import load_checkpoint
+from utils.state.sharded import (
+    SafeReader,
+    ShardsError,
+    collect_garbage,
+    load_model_state,
+)
+from utils.util import UserError
+
+RUN = Path("models") / "Demo_CifarCNN"
+needs_gloo_fsdp = pytest.mark.skipif(
+    torch_version() < GLOO_FSDP_MIN_TORCH,
+    reason="FSDP on gloo needs torch >= 2.9 (pytorch/pytorch#162338); the template refuses it",
+)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun(*args: str, processes: int = 2) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+        f"--nproc_per_node={processes}", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}", *args,
+    ]  # fmt: skip
+
+
+def run_torchrun(*args: str, processes: int = 2) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        torchrun(*args, processes=processes),
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights, sharded or not, as one process without a process group sees
+    them (test.py, predict.py, export.py)."""
+    state = load_checkpoint(checkpoint)
+    model = CifarCNN(**state["config"]["arch"]["args"])
+    load_model_state(model, state, checkpoint)
+    return model.state_dict()
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fsdp")
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), folder / "saved")
+    config["data_loader"]["args"].update(num_train=640, validation_split=0.15)
+    # Accumulation (no gradient sync but on a group's last batch) and clipping of the shards.
+    config["trainer"].update(
+        grad_accum_steps=2, grad_clip=0.5, deterministic=True, log_step=1, tensorboard=False
+    )
+    config["distributed"] = {"strategy": "fsdp"}
+    path = folder / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def straight(config_path: Path) -> Path:
+    """2 epochs of FSDP on 2 processes, uninterrupted: its run folder."""
+    run_torchrun("train.py", "-c", str(config_path), "--run-id", "straight")
+    return config_path.parent / "saved" / RUN / "straight"
+
+
+# --- the model's blocks, activation checkpointing, what is refused --------------------------------
+
+
+def test_the_default_blocks_of_resnet_vit_and_the_template_cnns() -> None:
+    resnet = TorchvisionModel("resnet18", num_classes=10)
+    assert default_blocks(resnet) == [getattr(resnet.network, f"layer{i}") for i in (1, 2, 3, 4)]
+    vit = TorchvisionModel("vit_b_16", num_classes=10)
+    assert default_blocks(vit) == list(vit.network.encoder.layers)
+    cnn = CifarCNN(widths=[8, 16, 32])
+    assert cnn.blocks() == list(cnn.features) and len(cnn.blocks()) == 3
+
+
+def test_activation_checkpointing_keeps_the_names_and_the_gradients() -> None:
+    images, labels = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    gradients = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = CifarCNN(widths=[8, 16])
+        names = [name for name, _ in model.named_parameters()]
+        if recompute:
+            assert checkpoint_activations(model) == 2
+        assert [name for name, _ in model.named_parameters()] == names
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        gradients.append([p.grad for p in model.parameters()])
+    for plain, recomputed in zip(*gradients, strict=True):
+        assert torch.equal(plain, recomputed)
+
+
+def test_activation_checkpointing_needs_blocks() -> None:
+    with pytest.raises(UserError, match="has no blocks to recompute"):
+        checkpoint_activations(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "why"),
+    [
+        ("distributed", "sync_bn", True, "SyncBatchNorm"),
+        ("trainer", "ema_decay", 0.99, "whole copy of the model"),
+        ("trainer", "compile", True, "compiling a sharded model"),
+        ("trainer", "amp", "fp16", "bf16"),
+    ],
+)
+def test_what_fsdp_does_not_combine_with_is_refused_in_one_line(section, key, value, why) -> None:
+    config = json.loads((ROOT / "configs/demo.json").read_text())
+    config["distributed"] = {"strategy": "fsdp"}
+    config[section][key] = value
+    with pytest.raises(
+        ConfigError, match=f'{section}.{key}: not with distributed.strategy "fsdp"'
+    ) as raised:
+        validate(config, "x.json")
+    assert why in str(raised.value)
+
+
+def test_fsdp_on_gloo_is_refused_before_torch_2_9(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.8.0")
+    with pytest.raises(UserError, match=r"needs torch >= 2\.9.*pytorch/pytorch#162338"):
+        check_fsdp_backend("gloo")
+    check_fsdp_backend("nccl")  # NCCL's reduce-scatter averages right from the floor
+
+
+# --- reading shards safely, and what no checkpoint names ------------------------------------------
+
+
+class Payload:
+    def __reduce__(self) -> tuple:
+        return (os.system, ("echo owned",))
+
+
+def test_shards_metadata_naming_any_other_python_object_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "shards-step1-0000.dcp"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ShardsError, match="refused to load: it references the Python object"):
+        SafeReader(folder).read_metadata()
+    (folder / ".metadata").unlink()
+    with pytest.raises(ShardsError, match=r"no \.metadata: a save cut short"):
+        SafeReader(folder).read_metadata()
+
+
+def test_folders_no_checkpoint_names_are_collected(tmp_path: Path) -> None:
+    named, orphan = tmp_path / "shards-step2-aaaa.dcp", tmp_path / "shards-step3-bbbb.dcp"
+    for folder in (named, orphan):
+        folder.mkdir()
+        (folder / "__0_0.distcp").write_bytes(b"x")
+    torch.save({"model": None, "config": {}, "epoch": 1, "sharded": named.name},
+               tmp_path / "model_best.pth")  # fmt: skip
+    assert collect_garbage(tmp_path) == [orphan.name]
+    assert named.is_dir() and not orphan.exists()
+
+
+# --- 2 processes on gloo --------------------------------------------------------------------------
+
+
+@needs_gloo_fsdp
+def test_one_fsdp_step_has_the_gradients_of_one_process_on_the_global_batch(tmp_path: Path):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fsdp_gradients import fixed_batch, new_model
+
+    out = tmp_path / "fsdp.pt"
+    run_torchrun("tests/fsdp_gradients.py", str(out))
+    sharded = torch.load(out, weights_only=True)
+    model = new_model()
+    images, labels = fixed_batch()
+    torch.nn.functional.cross_entropy(model(images), labels).backward()
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(sharded["grads"][name], parameter.grad, rtol=1e-5, atol=1e-7)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    torch.testing.assert_close(sharded["norm"], norm)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(sharded["weights"][name], parameter.detach())
+
+
+@needs_gloo_fsdp
+@pytest.mark.slow  # CI's main job; the floor job skips FSDP on gloo anyway
+def test_fsdp_trains_to_ddps_weights_and_test_py_repeats_its_validation(
+    straight: Path, config_path: Path, tmp_path: Path
+) -> None:
+    run_torchrun("train.py", "-c", str(config_path), "--run-id", "ddp",
+                 "--set", "distributed.strategy=ddp")  # fmt: skip
+    ddp = config_path.parent / "saved" / RUN / "ddp" / "checkpoint-epoch2.pth"
+    fsdp = straight / "checkpoint-epoch2.pth"
+    assert load_checkpoint(fsdp)["model"] is None and load_checkpoint(fsdp)["sharded"]
+    reference, sharded = trained_weights(ddp), trained_weights(fsdp)
+    for name, value in reference.items():
+        torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5)
+    # One process, no process group: the distributed validation again, every sample once.
+    output = tmp_path / "test.json"
+    result = run_script("test.py", "-r", str(fsdp), "--split", "val", "--json", str(output))
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = load_checkpoint(fsdp)["metrics"]
+    report = json.loads(output.read_text())
+    assert report["num_samples"] == 96
+    assert report["metrics"]["val/accuracy"] == recorded["val/accuracy"]
+    assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
+
+
+@needs_gloo_fsdp
+@pytest.mark.slow
+def test_a_stop_inside_an_epoch_resumes_bit_exact_and_on_another_world_size(
+    straight: Path, config_path: Path, spawn
+) -> None:
+    launcher = spawn(
+        torchrun("train.py", "-c", str(config_path), "--run-id", "stopped"),
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    run_dir = config_path.parent / "saved" / RUN / "stopped"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoint-epoch1.pth").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.01)
+    launcher.send_signal(signal.SIGTERM)  # torchrun passes it to both workers
+    output = launcher.communicate(timeout=120)[0]
+    (inside,) = run_dir.glob("checkpoint-epoch2-step*.pth")  # the stop's checkpoint
+    assert load_checkpoint(inside)["sharded"], output[-3000:]
+    one_process = run_dir.parent / "one-process"
+    shutil.copytree(run_dir, one_process)
+
+    run_torchrun("train.py", "-r", str(run_dir))  # 2 ranks again: bit for bit
+    reference = trained_weights(straight / "checkpoint-epoch2.pth")
+    for name, value in trained_weights(run_dir / "checkpoint-epoch2.pth").items():
+        assert torch.equal(value, reference[name]), name
+    final, expected = (load_checkpoint(d / "checkpoint-epoch2.pth") for d in (run_dir, straight))
+    assert final["metrics"]["val/loss"] == expected["metrics"]["val/loss"]
+
+    # 2 ranks -> 1: the shards of both ranks resharded into one process, the epoch finished.
+    result = run_script("train.py", "-r", str(one_process), "--epochs", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the number of processes 2 -> 1" in result.stdout
+    assert load_checkpoint(one_process / "checkpoint-epoch3.pth")["epoch"] == 3
+    # ... and 1 -> 2.
+    back = run_torchrun("train.py", "-r", str(one_process), "--epochs", "4")
+    assert "epoch 4/4" in back.stdout
+    assert load_checkpoint(one_process / "checkpoint-epoch4.pth")["geometry"]["world_size"] == 2
+
+
+@needs_gloo_fsdp
+@pytest.mark.slow
+def test_a_kill_inside_a_sharded_save_resumes_the_checkpoint_before(
+    config_path: Path, spawn
+) -> None:
+    launcher = spawn(
+        torchrun("tests/faulty_train.py", "-c", str(config_path), "--run-id", "killed"),
+        cwd=ROOT, env={**ENV, "FAULT_SLOW_SAVE": "0.5"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    run_dir = config_path.parent / "saved" / RUN / "killed"
+    deadline = time.monotonic() + 180
+    # The second epoch's shards are being written (each tensor pauses half-way).
+    while len(list(run_dir.glob("shards-*.dcp"))) < 2 or not (run_dir / "latest").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.01)
+    os.killpg(launcher.pid, signal.SIGKILL)  # every process of the job, as a lost node
+    launcher.wait()
+    (cut_short,) = [f for f in run_dir.glob("shards-*.dcp") if not (f / ".metadata").exists()]
+    assert not (run_dir / "checkpoint-epoch2.pth").exists()
+
+    result = run_script("train.py", "-r", str(run_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        "Resumed from" in result.stdout and "checkpoint-epoch1.pth (epoch 1 done" in result.stdout
+    )
+    assert f"Removed 1 shards folder(s) no checkpoint names: {cut_short.name}" in result.stdout
+    assert not cut_short.exists()
+    assert load_checkpoint(run_dir / "checkpoint-epoch2.pth")["epoch"] == 2

@@ -1,0 +1,267 @@
+"""Sharded checkpoints (distributed.strategy "fsdp"): the model's and the optimizer's tensors in
+a torch.distributed.checkpoint (DCP) folder, each rank writing its own shards, beside the
+checkpoint file (rank 0's torch.save of everything else) that names it under "sharded".
+
+The checkpoint file is written last, atomically: it is the commit. A kill at any point before
+leaves a folder no checkpoint names, which the next save or start deletes (collect_garbage);
+a folder is deleted only when no checkpoint in its run folder names it, so model_best.pth and
+checkpoint-epoch<N>.pth of one epoch share one. Reads are safe as torch.load(weights_only=True)
+is: DCP unpickles its .metadata file, so ours admits only DCP's own metadata classes, and
+refuses pickled (non-tensor) entries, which DCP would load with weights_only=False.
+"""
+
+import contextlib
+import pickle
+import secrets
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from utils.distributed.process_group import broadcast_object
+from utils.state.checkpoint import CheckpointError, ema_weights, load_checkpoint
+from utils.util import describe_error, unwrap_model
+
+KEY = "sharded"  # in a checkpoint file: the name of its DCP folder, beside it
+FOLDER_GLOB = "shards-*.dcp"
+# What DCP's .metadata pickle may name: its own dataclasses, torch's dtypes and sizes, paths.
+SAFE_MODULES = ("torch.distributed.checkpoint.metadata",)
+SAFE_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"),
+}
+
+
+class ShardsError(CheckpointError):
+    """A sharded checkpoint whose folder is missing, damaged or unsafe."""
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> object:
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if module in SAFE_MODULES or (module, name) in SAFE_GLOBALS or dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+class SafeReader(dcp.FileSystemReader):
+    """DCP's file reader, with the metadata read by MetadataUnpickler and checked to hold
+    tensors only (the shards themselves DCP reads with torch.load(weights_only=True))."""
+
+    def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            with path.open("rb") as file:
+                metadata = MetadataUnpickler(file).load()
+        except FileNotFoundError:
+            raise ShardsError(f"{self.path}: no .metadata: a save cut short") from None
+        except pickle.UnpicklingError as error:
+            raise ShardsError(
+                f"{path}: refused to load: it references the Python object {error}, which a DCP "
+                "checkpoint's metadata never does"
+            ) from None
+        except Exception as error:  # EOF, a damaged stream
+            raise ShardsError(f"{path}: unreadable ({describe_error(error)})") from None
+        if not isinstance(metadata, Metadata):
+            raise ShardsError(f"{path}: not DCP metadata")
+        pickled = [
+            name
+            for name, entry in metadata.state_dict_metadata.items()
+            if isinstance(entry, BytesStorageMetadata)
+        ]
+        if pickled:
+            raise ShardsError(f"{path}: refused to load: {pickled[0]} is a pickled object")
+        if getattr(metadata, "storage_meta", None) is None:  # as DCP's own reader does
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+@contextlib.contextmanager
+def single_process_quietly() -> Iterator[None]:
+    """DCP warns at every save and load without a process group that it assumes one process:
+    that is what this template means there (no torchrun)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
+
+
+def shards_folder(state: dict, path: Path) -> Path | None:
+    """The DCP folder of the checkpoint `path` (whose contents are `state`); None: not sharded."""
+    name = state.get(KEY)
+    return None if name is None else Path(path).parent / name
+
+
+def check_shards(state: dict, path: Path) -> None:
+    """Refuse a sharded checkpoint whose folder is gone or its metadata unreadable or unsafe."""
+    folder = shards_folder(state, path)
+    if folder is None:
+        return
+    if not folder.is_dir():
+        raise ShardsError(f"{path}: its shards folder {folder.name} is missing")
+    SafeReader(folder).read_metadata()
+
+
+# --- writing ---------------------------------------------------------------------------
+
+
+def split_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(the tensors a DCP folder holds: the model's and each parameter's optimizer state, by
+    parameter name, sharded as they are; the rest of the optimizer state: its param_groups and
+    any non-tensor per-parameter values, for the checkpoint file)."""
+    model_state, optimizer_state = get_state_dict(unwrap_model(model), optimizer)
+    tensors, extra = {}, {}
+    for name, values in optimizer_state["state"].items():
+        tensors[name] = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+        extra[name] = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    rest = {"param_groups": optimizer_state["param_groups"], "extra": extra}
+    return {"model": model_state, "optimizer": tensors}, rest
+
+
+def write_shards(checkpoint_dir: Path, shards: dict, global_step: int) -> str:
+    """Every rank writes its shards to a new folder of checkpoint_dir (a collective); returns its
+    name, the same on every rank. DCP writes the folder's .metadata last."""
+    name = broadcast_object(f"shards-step{global_step}-{secrets.token_hex(4)}.dcp")
+    writer = dcp.FileSystemWriter(checkpoint_dir / name)
+    with single_process_quietly():
+        dcp.save(shards, storage_writer=writer)  # one process without a process group
+    return name
+
+
+def referenced_folders(checkpoint_dir: Path, excluding: list[Path] = ()) -> set[str]:
+    """The shards folders that the checkpoint files of checkpoint_dir (but `excluding`) name."""
+    names = set()
+    for path in checkpoint_dir.glob("*.pth"):
+        if path in excluding:
+            continue
+        try:
+            names.add(load_checkpoint(path, mmap=True).get(KEY))
+        except CheckpointError:
+            continue
+    return names
+
+
+def collect_garbage(checkpoint_dir: Path) -> list[str]:
+    """Delete the shards folders no checkpoint file names (a save cut short, checkpoints
+    dropped by keep_last); returns their names. Rank 0 only."""
+    folders = list(checkpoint_dir.glob(FOLDER_GLOB))
+    if not folders:
+        return []
+    keep = referenced_folders(checkpoint_dir)
+    removed = [folder.name for folder in folders if folder.name not in keep]
+    for name in removed:
+        shutil.rmtree(checkpoint_dir / name, ignore_errors=True)
+    return removed
+
+
+def move_with_shards(path: Path, destination: Path, staying: set[str]) -> None:
+    """Move checkpoint `path` into folder `destination` with its shards folder: moved when no
+    checkpoint that stays names it (`staying`), else copied (hard links where possible)."""
+    try:
+        folder = shards_folder(load_checkpoint(path, mmap=True), path)
+    except CheckpointError:  # a damaged file: moved as it is
+        folder = None
+    path.rename(destination / path.name)
+    if folder is None or not folder.is_dir() or (destination / folder.name).exists():
+        return
+    if folder.name in staying:
+        shutil.copytree(folder, destination / folder.name, copy_function=_link_or_copy)
+    else:
+        folder.rename(destination / folder.name)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        Path(target).hardlink_to(source)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def _load(template: dict, folder: Path, *, partial: bool = False) -> None:
+    """DCP-load `folder` into `template` in place (resharded to this run's ranks)."""
+    try:
+        with single_process_quietly():
+            dcp.load(
+                template,
+                storage_reader=SafeReader(folder),
+                planner=dcp.DefaultLoadPlanner(allow_partial_load=partial),
+            )
+    except ShardsError:
+        raise
+    except Exception as error:  # DCP's CheckpointException wraps each rank's error
+        detail = " ".join(describe_error(error).split())[:300]
+        raise ShardsError(f"{folder}: cannot load its shards: {detail}") from None
+
+
+def load_model_state(model: nn.Module, state: dict, path: Path, *, ema: bool = False) -> None:
+    """Load state["model"] (or with ema, the averaged weights; or from a sharded checkpoint's
+    folder) into `model` (unwrapped from DDP; sharded by FSDP or not); a mismatch is a
+    CheckpointError."""
+    if shards_folder(state, path) is not None and not ema:
+        load_model_shards(model, state, path)
+        return
+    model = unwrap_model(model)
+    try:
+        model.load_state_dict(ema_weights(state, path) if ema else state["model"])
+    except RuntimeError as error:
+        detail = " ".join(str(error).split())[:300]
+        arch = state["config"].get("arch", {}).get("type", "?")
+        raise CheckpointError(
+            f"{path}: its weights (arch {arch}) do not fit the configured model: {detail}"
+        ) from None
+
+
+def load_model_shards(model: nn.Module, state: dict, path: Path) -> None:
+    """The model's weights from a sharded checkpoint, into `model` sharded or not (test.py,
+    predict.py and export.py in one process without a process group)."""
+    check_shards(state, path)
+    model = unwrap_model(model)
+    weights = get_model_state_dict(model)
+    _load({"model": weights}, shards_folder(state, path))
+    set_model_state_dict(model, weights)
+
+
+def load_optimizer_shards(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, path: Path, *, whole: bool
+) -> int:
+    """The per-parameter optimizer state of a sharded checkpoint, by parameter name. whole: with
+    its saved param_groups (the config is unchanged); else with the optimizer's own. Returns
+    how many parameters got their state."""
+    model = unwrap_model(model)
+    _, current = get_state_dict(model, optimizer)  # a template: every parameter's state, zeros
+    saved = state["optimizer"]
+    names = [name for name in current["state"] if name in saved["extra"]]
+    tensors = {
+        name: {k: v for k, v in current["state"][name].items() if isinstance(v, torch.Tensor)}
+        for name in names
+    }
+    _load({"optimizer": tensors}, shards_folder(state, path), partial=True)
+    loaded = {name: {**tensors[name], **saved["extra"][name]} for name in names}
+    groups = saved["param_groups"] if whole else current["param_groups"]
+    set_optimizer_state_dict(
+        model,
+        optimizer,
+        {"state": loaded, "param_groups": groups},
+        options=StateDictOptions(strict=False),
+    )
+    return len(loaded)
