@@ -103,9 +103,19 @@ class TorchvisionModel(BaseModel):
     a local file holding the network's state dict (for offline machines). The classification
     head (the last Linear layer) is then replaced by a new one when num_classes differs from
     the number of classes the weights were trained on.
+
+    builder_args: other keyword arguments of the torchvision builder, e.g. {"image_size": 32}
+    for a ViT on 32x32 images, or {"dropout": 0.2}.
     """
 
-    def __init__(self, name: str, *, num_classes: int = 1000, weights: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        num_classes: int = 1000,
+        weights: str | None = None,
+        builder_args: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.num_classes = num_classes  # the trainer checks the data's labels against it
         if name not in torchvision.models.list_models():
@@ -113,8 +123,15 @@ class TorchvisionModel(BaseModel):
                 f"unknown torchvision model {name!r}; see torchvision.models.list_models()"
             )
         if weights is None:
-            self.network = torchvision.models.get_model(name, num_classes=num_classes)
+            try:
+                self.network = torchvision.models.get_model(
+                    name, num_classes=num_classes, **(builder_args or {})
+                )
+            except TypeError as error:  # an argument the builder does not take
+                raise ConfigValueError(f"builder_args: {name}: {error}") from None
             return
+        if builder_args:
+            raise ConfigValueError("builder_args: only without weights (they fix the network)")
         if is_weights_file(weights):
             self.network = torchvision.models.get_model(name)
             load_weights_file(self.network, Path(weights))

@@ -1,7 +1,7 @@
 """Under torchrun: one FSDP step of CifarCNN on this rank's half of a fixed global batch, with
 the template's sharding and gradient clipping; rank 0 saves the whole gradients, the clipped
-gradients' norm and the weights after one more SGD step to the file argv[1] (tests/test_fsdp.py
-compares them with one process on the whole batch)."""
+gradients' norm, the weights after an SGD step and the gradients with bf16 parameters to the
+file argv[1] (tests/test_fsdp.py compares them with one process on the whole batch)."""
 
 import sys
 from pathlib import Path
@@ -46,8 +46,22 @@ def main() -> None:
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     optimizer.step()
     weights = {name: p.full_tensor() for name, p in model.named_parameters()}
+
+    # trainer.amp "bf16": the layers compute with bf16 parameters, gradients reduce in fp32.
+    mixed = new_model()
+    shard_model(mixed, amp_dtype=torch.bfloat16, reshard_after_forward=True)
+    seen = []
+    mixed.head.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
+    with torch.autocast("cpu", torch.bfloat16):  # as the engine runs a step with trainer.amp
+        loss = nn.functional.cross_entropy(mixed(images[mine]), labels[mine])
+    loss.backward()
+    mixed_grads = {name: p.grad.full_tensor() for name, p in mixed.named_parameters()}
     if rank == 0:
-        torch.save({"grads": grads, "norm": norm, "weights": weights}, sys.argv[1])
+        torch.save(
+            {"grads": grads, "norm": norm, "weights": weights, "bf16_grads": mixed_grads,
+             "bf16_forward": str(seen[0])},
+            sys.argv[1],
+        )  # fmt: skip
     dist.destroy_process_group()
 
 

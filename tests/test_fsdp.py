@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, shrink
+from conftest import ROOT, run_script, set_flags, shrink
 from ports import free_port
 
 from model.model import CifarCNN, TorchvisionModel
@@ -200,6 +200,16 @@ def test_one_fsdp_step_has_the_gradients_of_one_process_on_the_global_batch(tmp_
         torch.testing.assert_close(sharded["grads"][name], parameter.grad, rtol=1e-5, atol=1e-7)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
     torch.testing.assert_close(sharded["norm"], norm)
+    # With bf16 parameters the layers computed in bf16 (8 bits of mantissa: each gradient is
+    # noisy); the reduced gradients are fp32 and point where fp32's do.
+    assert sharded["bf16_forward"] == "torch.bfloat16"
+    for name, parameter in model.named_parameters():
+        mixed = sharded["bf16_grads"][name]
+        assert mixed.dtype == torch.float32
+        similarity = torch.nn.functional.cosine_similarity(
+            mixed.flatten(), parameter.grad.flatten(), dim=0
+        )
+        assert similarity > 0.98, name
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(sharded["weights"][name], parameter.detach())
@@ -297,3 +307,46 @@ def test_a_kill_inside_a_sharded_save_resumes_the_checkpoint_before(
     assert f"Removed 1 shards folder(s) no checkpoint names: {cut_short.name}" in result.stdout
     assert not cut_short.exists()
     assert load_checkpoint(run_dir / "checkpoint-epoch2.pth")["epoch"] == 2
+
+
+@needs_gloo_fsdp
+@pytest.mark.slow
+def test_the_vit_recipe_trains_a_tiny_version_of_itself(tmp_path: Path) -> None:
+    """configs/imagenet_vit.json as it ships (FSDP, bf16 parameters, activation checkpointing,
+    its optimizer groups and augmentation) with a ViT-B/32 on 32x32 images in 2 processes."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for index in range(24):
+        folder = tmp_path / "images" / "train" / f"class{index % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, size=(48, 40, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{index}.jpg")
+    overrides = {
+        "n_gpu": 0,
+        "arch.args.name": "vit_b_32",
+        "arch.args.num_classes": 3,
+        "arch.args.builder_args": {"image_size": 32},
+        "data_loader.args.data_dir": str(tmp_path / "images"),
+        "data_loader.args.validation_split": 6,
+        "data_loader.args.image_size": 32,
+        "data_loader.args.eval_image_size": 32,
+        "data_loader.args.eval_resize_size": 36,
+        "data_loader.args.batch_size": 3,
+        "data_loader.args.num_workers": 0,
+        "trainer.epochs": 1,
+        "trainer.len_epoch": 2,
+        "lr_scheduler.warmup_epochs": 0,
+        "trainer.save_dir": str(tmp_path / "saved"),
+        "trainer.tensorboard": False,
+    }
+    result = run_torchrun(
+        "train.py", "-c", "configs/imagenet_vit.json", "--run-id", "tiny", *set_flags(overrides)
+    )
+    assert "Activation checkpointing: 12 blocks" in result.stdout
+    assert "FSDP: 12 blocks and the root sharded over 2 ranks" in result.stdout
+    state = load_checkpoint(
+        tmp_path / "saved" / "models" / "ImageNet_ViT_L_16" / "tiny" / "checkpoint-epoch1.pth"
+    )
+    assert state["global_step"] == 2 and state["sharded"] and state["model"] is None

@@ -18,6 +18,7 @@ from utils.util import UserError
 # run at all (torch.cpu.Stream has no record_event).
 GLOO_FSDP_MIN_TORCH = (2, 9)
 BLOCK_LISTS = ("layers", "blocks", "features")  # a container whose children are the blocks
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 def torch_version() -> tuple[int, int]:
@@ -82,9 +83,17 @@ def shard_model(
     model: nn.Module, *, amp_dtype: torch.dtype | None, reshard_after_forward: bool
 ) -> int:
     """fully_shard each block, then the root, on the default process group. With trainer.amp
-    bf16, the parameters compute in bf16 and gradients reduce in fp32 (MixedPrecisionPolicy).
+    bf16, the parameters compute in bf16 (but BatchNorm's) and gradients reduce in fp32
+    (MixedPrecisionPolicy); the engine's autocast casts between them.
     Returns the number of blocks."""
     policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+    if amp_dtype is not None:
+        # BatchNorm keeps fp32 parameters (its running statistics are fp32 and batch_norm wants
+        # one dtype): a unit of its own, its input cast to fp32; autocast casts it back after.
+        for module in model.modules():
+            if isinstance(module, BATCH_NORMS):
+                fully_shard(module, reshard_after_forward=reshard_after_forward,
+                            mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))  # fmt: skip
     blocks = model_blocks(model)
     for block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=policy)
