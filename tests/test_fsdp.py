@@ -237,6 +237,13 @@ def test_fsdp_trains_to_ddps_weights_and_test_py_repeats_its_validation(
     assert report["num_samples"] == 96
     assert report["metrics"]["val/accuracy"] == recorded["val/accuracy"]
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
+    # export.py: one consolidated file from the shards, checked against the checkpoint's model.
+    exported = tmp_path / "model.pt"
+    result = run_script(
+        "export.py", "-r", str(fsdp), "--format", "torchscript", "--out", str(exported)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert exported.is_file()
 
 
 @needs_gloo_fsdp
