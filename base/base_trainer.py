@@ -111,6 +111,8 @@ class BaseTrainer(abc.ABC):
         self.resumed_logger_runs: dict[str, str] = {}  # W&B's and MLflow's run ids, to continue
         self.confusion: ConfusionMatrix | None = None  # of the last validation, for classifiers
         self.stop = StopRequest()
+        # trainer.async_checkpoint: a background save to finish, and the group it syncs with.
+        self.pending_save, self.checkpoint_group = None, None
 
     @property
     def start_epoch(self) -> int:

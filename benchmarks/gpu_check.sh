@@ -23,7 +23,10 @@
 #  10. the fast CIFAR-10 recipe (configs/cifar10_fast.json), its whole schedule on the device
 #      pipeline, timed: benchmarks/cifar_recipe.py's per-epoch validation accuracy and seconds
 #      (needs the real training images: ../shared/data/cifar10-train/train.tar.gz or
-#      CIFAR_ARCHIVE=PATH; skipped, and said so, without them).
+#      CIFAR_ARCHIVE=PATH; skipped, and said so, without them);
+#  11. FSDP (distributed.strategy "fsdp") under torchrun with one process: bf16 parameters,
+#      activation checkpointing, its sharded checkpoint read by test.py alone; and on a GPU
+#      machine benchmarks/fsdp_memory.py (its 2 gloo processes on the CPU).
 # Exit status: 0 when every step passed, else 1 (the failed steps are listed at the end).
 #
 #   bash benchmarks/gpu_check.sh          # on the GPU machine
@@ -348,6 +351,23 @@ if [[ -f $archive ]]; then
 else
     echo
     echo "=== configs/cifar10_fast.json: skipped, no $archive (set CIFAR_ARCHIVE=PATH)"
+fi
+
+# 11. FSDP on one process (NCCL on the GPU): bf16 parameters, activation checkpointing, a
+# sharded checkpoint that test.py reads alone, and the memory the run held at its peak.
+amp=bf16
+[[ $mode == gpu ]] || amp=null  # bf16 is emulated on CPUs without bf16 instructions
+run_step "FSDP, torchrun --nproc_per_node=1, backend $backend" 240 \
+    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=1 \
+    train.py -c configs/demo.json --epochs 2 --run-id fsdp \
+    --set n_gpu=$n_gpu --set "distributed.backend=$backend" --set distributed.strategy=fsdp \
+    --set "trainer.amp=$amp" --set trainer.activation_checkpointing=true \
+    --set trainer.tensorboard=false --set "trainer.save_dir=$save_dir" "${train_args[@]}"
+run_step "test.py on the FSDP checkpoint, one process" 120 \
+    "$PYTHON" test.py -r "$save_dir/models/Demo_CifarCNN/fsdp" --split val
+if [[ $mode == gpu ]]; then
+    run_step "fsdp_memory.py: FSDP vs DDP bytes per rank (CPU, 2 processes)" 300 \
+        "$PYTHON" benchmarks/fsdp_memory.py --model resnet50
 fi
 
 echo

@@ -1,8 +1,8 @@
 """The chaos test: training killed at random moments (SIGKILL and SIGTERM, some inside a checkpoint
 write), its newest checkpoint truncated once, and restarted with -r RUN_FOLDER until it
-finishes, in one process and under 2-process torchrun. The final weights, optimizer state,
-metrics.csv and steps.csv equal those of the uninterrupted run bit for bit, and TensorBoard holds
-each step once.
+finishes, in one process and under 2-process torchrun, with DDP and with FSDP. The final
+weights, optimizer state, metrics.csv and steps.csv equal those of the uninterrupted run bit for
+bit, and TensorBoard holds each step once.
 
 Each schedule prints its seed: CHAOS_SEED=<seed> replays it (and every schedule of the run from
 it). CHAOS_SCHEDULES=N runs N single-process schedules instead of the 6 of CI (the 2-process
@@ -26,7 +26,9 @@ import torch
 from conftest import ROOT, shrink
 from ports import free_port
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from utils.distributed.sharding import GLOO_FSDP_MIN_TORCH, torch_version
 from utils.state.checkpoint import TEMPORARY_NAME, sorted_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -64,10 +66,10 @@ def command(processes: int, *args: str) -> list[str]:
     ]  # fmt: skip
 
 
-def uninterrupted(config_path: Path, processes: int) -> Path:
-    run_id = f"reference-{processes}"
+def uninterrupted(config_path: Path, processes: int, strategy: str = "ddp") -> Path:
+    run_id = f"reference-{processes}-{strategy}"
     result = subprocess.run(
-        command(processes, "-c", str(config_path), "--run-id", run_id),
+        command(processes, "-c", str(config_path), "--run-id", run_id, *strategy_flag(strategy)),
         cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -77,14 +79,18 @@ def uninterrupted(config_path: Path, processes: int) -> Path:
 @pytest.fixture(scope="module")
 def references(config_path: Path) -> dict:
     """The uninterrupted runs, trained when a schedule first needs one."""
-    cache: dict[int, Path] = {}
+    cache: dict[tuple[int, str], Path] = {}
 
-    def get(processes: int) -> Path:
-        if processes not in cache:
-            cache[processes] = uninterrupted(config_path, processes)
-        return cache[processes]
+    def get(processes: int, strategy: str = "ddp") -> Path:
+        if (processes, strategy) not in cache:
+            cache[processes, strategy] = uninterrupted(config_path, processes, strategy)
+        return cache[processes, strategy]
 
     return get
+
+
+def strategy_flag(strategy: str) -> list[str]:
+    return ["--set", f'distributed.strategy="{strategy}"']
 
 
 def base_seed(testrun_uid: str) -> int:
@@ -93,7 +99,7 @@ def base_seed(testrun_uid: str) -> int:
 
 
 def run_schedule(
-    config_path: Path, run_id: str, processes: int, seed: int
+    config_path: Path, run_id: str, processes: int, seed: int, strategy: str = "ddp"
 ) -> tuple[Path, list[str]]:
     """Train with random interruptions until the run finishes; the run folder and what was done."""
     draw = random.Random(seed)
@@ -102,9 +108,13 @@ def run_schedule(
     # Some schedules also damage the newest checkpoint, at the first restart with two of them.
     num_faults, truncate = draw.randint(1, 3), draw.random() < 0.6
     events = []
+    options = strategy_flag(strategy)
+    if strategy == "fsdp" and draw.random() < 0.5:  # shards written while the next epoch trains
+        options += ["--set", "trainer.async_checkpoint=true"]
+        events.append("async_checkpoint")
     for attempt in range(12):
         restart = ["-r", str(run_dir)] if (run_dir / "config.json").exists() else None
-        args = restart or ["-c", str(config_path), "--run-id", run_id]
+        args = restart or ["-c", str(config_path), "--run-id", run_id, *options]
         process = subprocess.Popen(
             command(processes, *args), cwd=ROOT, env=env, start_new_session=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -171,8 +181,8 @@ def interrupt(
         if process.poll() is not None:
             return False
         time.sleep(0.01)
-    if fault == "in-save":
-        while not any(TEMPORARY_NAME.fullmatch(p.name) for p in list_dir(run_dir)):
+    if fault == "in-save":  # a checkpoint file, or a shards folder (FSDP), being written
+        while not any(being_written(path) for path in list_dir(run_dir)):
             if process.poll() is not None:
                 return False
             time.sleep(0.005)
@@ -205,6 +215,11 @@ def kill_job(process: subprocess.Popen) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def being_written(path: Path) -> bool:
+    shards = path.name.startswith("shards-") and not (path / ".metadata").exists()
+    return shards or TEMPORARY_NAME.fullmatch(path.name) is not None
+
+
 def list_dir(folder: Path) -> list[Path]:
     try:
         return list(folder.iterdir())
@@ -218,10 +233,22 @@ def read_rows(path: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
 
 
+def final_state(run_dir: Path) -> dict:
+    """The last checkpoint, with a sharded one's tensors read from its folder (every rank's
+    shards together): {"model": {name: tensor}, "optimizer": {"state": {key: {...}}}, ...}."""
+    state = torch.load(run_dir / "checkpoint-epoch3.pth", weights_only=True)
+    if not state.get("sharded"):
+        return state
+    whole = run_dir / "whole.pth"
+    dcp_to_torch_save(run_dir / state["sharded"], whole)
+    tensors = torch.load(whole, weights_only=True)
+    whole.unlink()
+    return {**state, "model": tensors["model"], "optimizer": {"state": tensors["optimizer"]}}
+
+
 def assert_same_run(reference: Path, run_dir: Path, events: list[str]) -> None:
     """Bit-for-bit the same final state and logs as the uninterrupted run."""
-    a = torch.load(reference / "checkpoint-epoch3.pth", weights_only=True)
-    b = torch.load(run_dir / "checkpoint-epoch3.pth", weights_only=True)
+    a, b = final_state(reference), final_state(run_dir)
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), (key, events)
     for index, state in a["optimizer"]["state"].items():
@@ -242,6 +269,9 @@ def assert_same_run(reference: Path, run_dir: Path, events: list[str]) -> None:
     # Only the run's own files are left: no temporary file, no third checkpoint (keep_last 2).
     assert not [p for p in run_dir.iterdir() if TEMPORARY_NAME.fullmatch(p.name)], events
     assert len(sorted_checkpoints(run_dir)) == 2, events
+    # ... and no shards folder that no checkpoint names (a save cut short).
+    named = {torch.load(path, weights_only=True).get("sharded") for path in run_dir.glob("*.pth")}
+    assert {path.name for path in run_dir.glob("shards-*.dcp")} <= named, events
 
 
 @pytest.mark.parametrize("index", range(NUM_SCHEDULES))
@@ -266,3 +296,21 @@ def test_random_kills_and_restarts_under_torchrun_end_as_the_uninterrupted_run(
     run_dir, events = run_schedule(config_path, f"chaos-ddp-{index}", 2, seed)
     print("\n".join(events))
     assert_same_run(references(2), run_dir, events)
+
+
+@pytest.mark.skipif(
+    torch_version() < GLOO_FSDP_MIN_TORCH, reason="FSDP on gloo needs torch >= 2.9 (refused)"
+)
+@pytest.mark.parametrize("index", range(NUM_DISTRIBUTED))
+def test_random_kills_and_restarts_of_fsdp_end_as_the_uninterrupted_run(
+    config_path, references, testrun_uid, index
+):
+    """The same with FSDP: kills inside the shards' write too, sharded checkpoints compared, and
+    every other schedule with the shards written in the background (trainer.async_checkpoint)."""
+    seed = base_seed(testrun_uid) + 2000 + index
+    print(
+        f"kill schedule seed {seed} (replay: CHAOS_SEED={seed - 2000 - index}, schedule [{index}])"
+    )
+    run_dir, events = run_schedule(config_path, f"chaos-fsdp-{index}", 2, seed, "fsdp")
+    print("\n".join(events))
+    assert_same_run(references(2, "fsdp"), run_dir, events)

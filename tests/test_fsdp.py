@@ -357,3 +357,24 @@ def test_the_vit_recipe_trains_a_tiny_version_of_itself(tmp_path: Path) -> None:
         tmp_path / "saved" / "models" / "ImageNet_ViT_L_16" / "tiny" / "checkpoint-epoch1.pth"
     )
     assert state["global_step"] == 2 and state["sharded"] and state["model"] is None
+
+
+@needs_gloo_fsdp
+@pytest.mark.slow
+def test_background_saves_end_where_blocking_ones_do(straight: Path, config_path: Path) -> None:
+    """trainer.async_checkpoint: epoch 1's shards written while epoch 2 trains, its checkpoint
+    file written when epoch 2's save begins; the run ends bit for bit as the blocking one."""
+    result = run_torchrun("train.py", "-c", str(config_path), "--run-id", "background",
+                          "--set", "trainer.async_checkpoint=true")  # fmt: skip
+    run_dir = config_path.parent / "saved" / RUN / "background"
+    assert result.stdout.index("Saved") > result.stdout.index("epoch 2/2")  # epoch 1's, late
+    first = load_checkpoint(run_dir / "checkpoint-epoch1.pth")
+    assert (run_dir / first["sharded"] / ".metadata").is_file()
+    reference = trained_weights(straight / "checkpoint-epoch2.pth")
+    for name, value in trained_weights(run_dir / "checkpoint-epoch2.pth").items():
+        assert torch.equal(value, reference[name]), name
+    config = json.loads(config_path.read_text())
+    config["trainer"]["async_checkpoint"] = True
+    config["distributed"]["strategy"] = "ddp"
+    with pytest.raises(ConfigError, match=r'async_checkpoint: needs distributed\.strategy "fsdp"'):
+        validate(config, "x.json")

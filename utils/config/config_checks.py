@@ -170,6 +170,11 @@ def metric_names(metrics: list) -> list[str]:
 def check_strategy(config: dict, source: str) -> None:
     """What FSDP (distributed.strategy "fsdp") does not combine with, refused up front."""
     if config["distributed"]["strategy"] != "fsdp":
+        if config["trainer"]["async_checkpoint"]:
+            raise ConfigError(
+                f'{source}: trainer.async_checkpoint: needs distributed.strategy "fsdp" (it writes '
+                "the shards in the background)"
+            )
         return
     trainer = config["trainer"]
     refused = {

@@ -94,6 +94,9 @@ class TrainerConfig:
     channels_last: bool = key(False, BOOL, "NHWC memory format for the model and inputs")
     compile: bool = key(False, BOOL, "`torch.compile` the model; checkpoints hold the plain model")
     compile_mode: str = key("default", COMPILE_MODE, "the `mode` of `torch.compile`")
+    async_checkpoint: bool = key(
+        False, BOOL, "with fsdp: write each epoch's shards while the next one trains"
+    )
     activation_checkpointing: bool = key(
         False, BOOL, "recompute each block's activations in backward (the model's blocks())"
     )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from utils.distributed.process_group import process_info
 from utils.state.checkpoint import TEMPORARY_NAME, remove_temporaries, write_text_atomic
-from utils.state.sharded import collect_garbage
+from utils.state.sharded import FOLDER_GLOB, collect_garbage
 from utils.state.timeline import (
     ABANDONED,
     ResumePoint,
@@ -43,12 +43,13 @@ def default_run_id(own: str, broadcast: Callable[[object], object]) -> str:
 
 def is_restartable(run_dir: Path) -> bool:
     """A run folder that holds its config.json and nothing else of note (what a save cut short
-    left, an abandoned/ folder): the run stopped before its first checkpoint, so it can start
-    again from epoch 1 without losing anything."""
+    left, temporary files and shards folders, or an abandoned/ folder): the run stopped before
+    its first checkpoint, so it can start again from epoch 1 without losing anything."""
     names = [
         path.name
         for path in run_dir.iterdir()
-        if not TEMPORARY_NAME.fullmatch(path.name) and path.name != ABANDONED
+        if not (TEMPORARY_NAME.fullmatch(path.name) or path.match(FOLDER_GLOB))
+        and path.name != ABANDONED
     ]
     return names == ["config.json"]
 

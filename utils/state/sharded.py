@@ -16,9 +16,11 @@ import secrets
 import shutil
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
@@ -135,14 +137,33 @@ def split_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     return {"model": model_state, "optimizer": tensors}, rest
 
 
-def write_shards(checkpoint_dir: Path, shards: dict, global_step: int) -> str:
+def write_shards(
+    checkpoint_dir: Path,
+    shards: dict,
+    global_step: int,
+    *,
+    background: dist.ProcessGroup | bool = False,
+) -> tuple[str, Future | None]:
     """Every rank writes its shards to a new folder of checkpoint_dir (a collective); returns its
-    name, the same on every rank. DCP writes the folder's .metadata last."""
+    name, the same on every rank, and with `background` the future of the write: the shards
+    are copied first (DCP's staging), then written by a thread, whose collectives go through
+    `background`, a gloo group of their own (True in one process, without a process group).
+    DCP writes the folder's .metadata last."""
     name = broadcast_object(f"shards-step{global_step}-{secrets.token_hex(4)}.dcp")
     writer = dcp.FileSystemWriter(checkpoint_dir / name)
-    with single_process_quietly():
-        dcp.save(shards, storage_writer=writer)  # one process without a process group
-    return name
+    with single_process_quietly():  # one process without a process group: no collectives
+        if background is False:
+            dcp.save(shards, storage_writer=writer)
+            return name, None
+        group = None if background is True else background
+        saving = dcp.async_save(shards, storage_writer=writer, process_group=group)
+        return name, getattr(saving, "upload_completion", saving)  # newer torch: a response
+
+
+def checkpoint_group() -> dist.ProcessGroup | bool:
+    """The gloo group background saves coordinate through (made once per run, by every rank
+    together); True without a process group."""
+    return dist.new_group(backend="gloo") if dist.is_initialized() else True
 
 
 def referenced_folders(checkpoint_dir: Path, excluding: list[Path] = ()) -> set[str]:

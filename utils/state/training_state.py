@@ -6,6 +6,9 @@ its position in samples, the batch geometry and the data it trained with, and it
 that utils/state/resume.py can tell what of it a later run can take.
 """
 
+import functools
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +23,7 @@ from utils.state.checkpoint import (
     write_latest,
 )
 from utils.state.sharded import KEY as SHARDS_KEY
-from utils.state.sharded import collect_garbage, split_state, write_shards
+from utils.state.sharded import checkpoint_group, collect_garbage, split_state, write_shards
 from utils.util import SaveError, StopInEpoch, describe_error, get_rng_state, unwrap_model
 
 if TYPE_CHECKING:
@@ -139,6 +142,15 @@ def checkpoint_state(trainer: "BaseTrainer", metrics: dict[str, float]) -> tuple
     return state, shards
 
 
+@dataclass
+class PendingSave:
+    """A save whose shards are being written in the background (trainer.async_checkpoint):
+    `commit` writes its checkpoint files once `future` is done."""
+
+    future: Future
+    commit: Callable[[], None]
+
+
 def save(
     trainer: "BaseTrainer",
     parts: tuple[dict, dict | None],
@@ -147,25 +159,30 @@ def save(
     improved: bool = False,
     in_top_k: bool = False,
     dropped: tuple[int, ...] = (),
+    background: bool = False,
 ) -> None:
     """Save checkpoint_state's `parts` at `path` (a periodic, last or mid-epoch checkpoint;
     None: not), and as the best models: the shards by every rank, then the files by rank 0.
     Every rank agrees on the outcome: a save that failed (a full disk) stops them all with the
-    same one-line SaveError, so none is left waiting in a collective."""
+    same one-line SaveError, so none is left waiting in a collective. background: the shards
+    are written while training goes on, and the files when the next save begins
+    (finish_pending): until then the checkpoint before it is the one a resume takes."""
     state, shards = parts
-    intact = (
-        "the checkpoints saved before are intact: make room, then resume with -r "
-        f"{trainer.checkpoint_dir}"
-    )
+    future = None
+    if background and trainer.checkpoint_group is None:
+        trainer.checkpoint_group = checkpoint_group()
     if shards is not None and (path is not None or improved or in_top_k):
         try:  # DCP raises every rank's error on every rank
-            state[SHARDS_KEY] = write_shards(
-                trainer.checkpoint_dir, shards, trainer.state.global_step
+            state[SHARDS_KEY], future = write_shards(
+                trainer.checkpoint_dir,
+                shards,
+                trainer.state.global_step,
+                background=background and trainer.checkpoint_group,
             )
         except Exception as error:
             raise SaveError(
                 f"{trainer.checkpoint_dir}: cannot save the shards ({describe_error(error)}); "
-                f"{intact}"
+                f"{intact(trainer)}"
             ) from None
 
     def write() -> None:
@@ -177,15 +194,42 @@ def save(
                 collect_garbage(trainer.checkpoint_dir)
         except OSError as error:
             raise SaveError(
-                f"{error.filename or path}: cannot save ({error.strerror or error}); {intact}"
+                f"{error.filename or path}: cannot save ({error.strerror or error}); "
+                f"{intact(trainer)}"
             ) from None
 
+    if future is not None:
+        trainer.pending_save = PendingSave(future, functools.partial(on_rank0, write))
+        return
     on_rank0(write)
+
+
+def intact(trainer: "BaseTrainer") -> str:
+    return (
+        "the checkpoints saved before are intact: make room, then resume with -r "
+        f"{trainer.checkpoint_dir}"
+    )
+
+
+def finish_pending(trainer: "BaseTrainer") -> None:
+    """Wait for a background save's shards (every rank), then write its checkpoint files."""
+    pending, trainer.pending_save = trainer.pending_save, None
+    if pending is None:
+        return
+    try:
+        pending.future.result()
+    except Exception as error:
+        raise SaveError(
+            f"{trainer.checkpoint_dir}: cannot save the shards ({describe_error(error)}); "
+            f"{intact(trainer)}"
+        ) from None
+    pending.commit()
 
 
 def save_inside_epoch(trainer: "BaseTrainer", epoch: int, stop: StopInEpoch) -> Path:
     """The checkpoint of a stop inside `epoch`: where the epoch stands (batches, samples, metric
     sums), so that the next run goes on from there in any batch geometry."""
+    finish_pending(trainer)  # the epoch before's background save first: it is the parent
     state = trainer.state
     state.batches, state.samples, state.epoch_sums = stop.batches, stop.samples, stop.sums
     path = trainer.checkpoint_dir / checkpoint_name(epoch, state.global_step)
@@ -205,12 +249,15 @@ def save_epoch_end(
 ) -> Path:
     """Epoch `epoch` done: its checkpoint every save_period epochs and at the `last` one, and the
     best models. Returns the checkpoint's path (where a stop after it resumes)."""
+    finish_pending(trainer)
     trainer.state.epoch = epoch
     parts = checkpoint_state(trainer, metrics)  # on every rank: it gathers the RNG states
     path = trainer.checkpoint_dir / checkpoint_name(epoch)
     periodic = epoch % trainer.options["save_period"] == 0 or last
+    # The last epoch's save is whole before the run ends; the others may write as it trains.
+    background = trainer.options["async_checkpoint"] and not last
     save(trainer, parts, path if periodic else None, improved=improved, in_top_k=in_top_k,
-         dropped=tuple(dropped))  # fmt: skip
+         dropped=tuple(dropped), background=background)  # fmt: skip
     return path
 
 
