@@ -157,7 +157,9 @@ def build_trainer(
             amp_dtype=amp_dtype(options["amp"]),
             reshard_after_forward=config["distributed"]["reshard_after_forward"],
         )
-        logger.info("FSDP: %d blocks and the root sharded over %d ranks.", count, info.world_size)
+        logger.info(
+            "FSDP: %d blocks and the root sharded over %d process(es).", count, info.world_size
+        )
     criterion = build_loss(config)
     metric_fns = build_metrics(config, device)
     optimizer = None

@@ -352,7 +352,7 @@ def test_the_vit_recipe_trains_a_tiny_version_of_itself(tmp_path: Path) -> None:
         "train.py", "-c", "configs/imagenet_vit.json", "--run-id", "tiny", *set_flags(overrides)
     )
     assert "Activation checkpointing: 12 blocks" in result.stdout
-    assert "FSDP: 12 blocks and the root sharded over 2 ranks" in result.stdout
+    assert "FSDP: 12 blocks and the root sharded over 2 process(es)" in result.stdout
     state = load_checkpoint(
         tmp_path / "saved" / "models" / "ImageNet_ViT_L_16" / "tiny" / "checkpoint-epoch1.pth"
     )
