@@ -1,15 +1,14 @@
 """Models a config can name in arch.type."""
 
-from pathlib import Path
 from typing import Any
 
 import torch
-import torchvision
 from torch import nn
 
 from base import BaseModel
 from model.fast_cifar import FastCifarCNN  # in __all__: configs name it here
-from utils import ConfigValueError, UserError, describe_error
+from model.torchvision_model import TorchvisionModel  # in __all__ too
+from utils import ConfigValueError
 
 __all__ = ["CifarCNN", "DenoisingCNN", "FastCifarCNN", "TabularMLP", "TorchvisionModel"]
 
@@ -95,130 +94,8 @@ class DenoisingCNN(BaseModel):
         return images - self.noise(images)  # (B, C, H, W), the input's size
 
 
-class TorchvisionModel(BaseModel):
-    """Any torchvision.models architecture by name, e.g. {"name": "resnet50", "num_classes": 1000}.
-
-    weights: pretrained weights, either a torchvision weights name ("DEFAULT", "IMAGENET1K_V1",
-    or "ResNet50_Weights.IMAGENET1K_V2"; downloaded once into torch's hub cache) or the path of
-    a local file holding the network's state dict (for offline machines). The classification
-    head (the last Linear layer) is then replaced by a new one when num_classes differs from
-    the number of classes the weights were trained on.
-
-    builder_args: other keyword arguments of the torchvision builder, e.g. {"image_size": 32}
-    for a ViT on 32x32 images, or {"dropout": 0.2}.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        num_classes: int = 1000,
-        weights: str | None = None,
-        builder_args: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__()
-        self.num_classes = num_classes  # the trainer checks the data's labels against it
-        if name not in torchvision.models.list_models():
-            raise ConfigValueError(
-                f"unknown torchvision model {name!r}; see torchvision.models.list_models()"
-            )
-        if weights is None:
-            try:
-                self.network = torchvision.models.get_model(
-                    name, num_classes=num_classes, **(builder_args or {})
-                )
-            except TypeError as error:  # an argument the builder does not take
-                raise ConfigValueError(f"builder_args: {name}: {error}") from None
-            return
-        if builder_args:
-            raise ConfigValueError("builder_args: only without weights (they fix the network)")
-        if is_weights_file(weights):
-            self.network = torchvision.models.get_model(name)
-            load_weights_file(self.network, Path(weights))
-        else:
-            self.network = download_pretrained(name, verify_weights(name, weights))
-        head_name, head = classification_head(self.network)
-        if head.out_features != num_classes:
-            self.network.set_submodule(head_name, nn.Linear(head.in_features, num_classes))
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.network(images)
-
-
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def classification_head(network: nn.Module) -> tuple[str, nn.Linear]:
-    """(name, module) of the network's last Linear layer: its classifier in torchvision."""
-    linears = [
-        (name, module) for name, module in network.named_modules() if isinstance(module, nn.Linear)
-    ]
-    if not linears:
-        raise ConfigValueError(
-            f"{type(network).__name__} has no Linear classification head to replace; "
-            "use weights with num_classes as they were trained, or another model"
-        )
-    return linears[-1]
-
-
-def is_weights_file(weights: str) -> bool:
-    """A path rather than a torchvision weights name (names hold no "/" and do not end in
-    .pth, .pt or .bin)."""
-    path = Path(weights)
-    return "/" in weights or path.suffix in (".pth", ".pt", ".bin") or path.exists()
-
-
-def verify_weights(name: str, weights: str) -> torchvision.models.WeightsEnum:
-    """The torchvision weights `weights` names for model `name`."""
-    enum = torchvision.models.get_model_weights(name)
-    try:
-        return enum.verify(weights)
-    except KeyError:
-        available = ", ".join(["DEFAULT", *(member.name for member in enum)])
-        raise ConfigValueError(
-            f"unknown weights {weights!r} for {name} (available: {available}; or the path of a "
-            "local state-dict file)"
-        ) from None
-
-
-def download_pretrained(name: str, weights: torchvision.models.WeightsEnum) -> nn.Module:
-    """torchvision's `name` with `weights`, downloaded into torch's hub cache if not there yet."""
-    try:
-        return torchvision.models.get_model(name, weights=weights)
-    except (OSError, RuntimeError) as error:  # no network (URLError), a damaged download
-        raise UserError(
-            f"arch.args.weights: could not download {weights} from {weights.url} "
-            f"({describe_error(error)}); on an offline machine, download that file elsewhere "
-            "and set arch.args.weights to its path"
-        ) from None
-
-
-def load_weights_file(network: nn.Module, path: Path) -> None:
-    """Load a state dict saved from this torchvision network (or one of our checkpoints of a
-    TorchvisionModel) into `network`, whatever the number of classes it was trained on."""
-    if not path.is_file():
-        raise ConfigValueError(f"weights file {path} not found")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # unsafe pickles, damaged files: one line, nothing run
-        raise UserError(f"{path}: not a readable weights file ({describe_error(error)})") from None
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]  # one of this template's checkpoints
-    if isinstance(state, dict) and state and all(key.startswith("network.") for key in state):
-        state = {key.removeprefix("network."): value for key, value in state.items()}
-    head_name, head = classification_head(network)
-    head_weight = state.get(f"{head_name}.weight") if isinstance(state, dict) else None
-    if isinstance(head_weight, torch.Tensor) and head_weight.shape[0] != head.out_features:
-        # Trained on another number of classes: a head of that size takes the file's weights.
-        network.set_submodule(head_name, nn.Linear(head.in_features, head_weight.shape[0]))
-    try:
-        network.load_state_dict(state)
-    except (RuntimeError, TypeError, AttributeError) as error:
-        detail = " ".join(str(error).split())[:300]
-        raise UserError(
-            f"{path}: its weights do not fit torchvision's {type(network).__name__}: {detail}"
-        ) from None
 
 
 class TabularMLP(BaseModel):
