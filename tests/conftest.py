@@ -1,5 +1,6 @@
 """Shared fixtures: shrink the shipped configs and run the real entry points as subprocesses."""
 
+import contextlib
 import json
 import logging
 import os
@@ -233,3 +234,23 @@ def cifar_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name, value in md5_attributes(files, CIFAR10.meta).items():
         monkeypatch.setattr(CIFAR10, name, value)
     return folder.parent
+
+
+def kill_job(process: subprocess.Popen) -> None:
+    """SIGKILL a process and every process below it (torchrun starts each worker in a session
+    of its own, so its process group is not enough)."""
+    children: dict[int, list[int]] = {}
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(path.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(path.parent.name))
+    found, todo = [process.pid], [process.pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -274,6 +274,7 @@ def test_the_run_id_of_a_run_without_checkpoints_can_be_reused(make_config):
     assert refused.returncode == 2 and "this run already exists" in refused.stderr
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_restarting_a_run_without_checkpoints_refuses_a_new_config(make_config, tmp_path):
     run_dir = tmp_path / "saved" / RUN / "empty"
     run_dir.mkdir(parents=True)
@@ -316,6 +317,7 @@ def test_plateau_scheduler_per_step_is_refused_up_front(make_config, tmp_path):
     assert not (tmp_path / "saved").exists()
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_logged_lr_is_the_rate_the_epoch_trained_with(make_config):
     # A per-step schedule that halves the rate at every optimizer step (8 per epoch).
     scheduler = {"type": "ExponentialLR", "args": {"gamma": 0.5}, "interval": "step"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, set_flags, shrink
+from conftest import ROOT, kill_job, run_script, set_flags, shrink
 from ports import free_port
 
 from model.model import CifarCNN, TorchvisionModel
@@ -292,7 +292,7 @@ def test_a_kill_inside_a_sharded_save_resumes_the_checkpoint_before(
 ) -> None:
     launcher = spawn(
         torchrun("tests/faulty_train.py", "-c", str(config_path), "--run-id", "killed"),
-        cwd=ROOT, env={**ENV, "FAULT_SLOW_SAVE": "0.5"},
+        cwd=ROOT, env={**ENV, "FAULT_SLOW_SAVE": "0.05"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     run_dir = config_path.parent / "saved" / RUN / "killed"
@@ -301,7 +301,7 @@ def test_a_kill_inside_a_sharded_save_resumes_the_checkpoint_before(
     while len(list(run_dir.glob("shards-*.dcp"))) < 2 or not (run_dir / "latest").exists():
         assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
         time.sleep(0.01)
-    os.killpg(launcher.pid, signal.SIGKILL)  # every process of the job, as a lost node
+    kill_job(launcher)  # torchrun and its workers, as a lost node
     launcher.wait()
     (cut_short,) = [f for f in run_dir.glob("shards-*.dcp") if not (f / ".metadata").exists()]
     assert not (run_dir / "checkpoint-epoch2.pth").exists()

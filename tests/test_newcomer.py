@@ -302,6 +302,7 @@ def test_predict_and_export_refuse_data_that_says_nothing_of_its_inputs_in_one_l
 # --- 7. progress a pipe can read -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_without_a_terminal_progress_comes_as_short_lines(tmp_path):
     config = demo(tmp_path, trainer={"progress_seconds": 0, "log_step": 2, "epochs": 1})
     result = run_script("train.py", "-c", str(config), "--run-id", "piped")
@@ -318,6 +319,7 @@ def test_without_a_terminal_progress_comes_as_short_lines(tmp_path):
 # --- 8, 10. schedules that follow --epochs, fast defaults ----------------------------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_the_demo_schedule_follows_epochs(tmp_path):
     config = demo(tmp_path, trainer={"epochs": 5, "tensorboard": False})
     result = run_script("train.py", "-c", str(config), "--run-id", "five")
@@ -330,6 +332,7 @@ def test_the_demo_schedule_follows_epochs(tmp_path):
     assert "ends after" not in result.stdout  # no warning: the length is derived
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_workers_persist_by_default_and_a_mid_epoch_resume_with_them_is_exact(stop_at, tmp_path):
     loader = data_module.SyntheticDataLoader(batch_size=8, seed=0, num_workers=2, num_train=64)
     assert loader.persistent_workers

@@ -98,6 +98,7 @@ def test_folders_and_globs_in_path_order_as_csv_and_json(demo_checkpoint, tmp_pa
     ]
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 @pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=NO_SAMPLE)
 def test_top1_on_real_images_is_the_argmax_test_py_computes(tmp_path):
     """Trained on the 2,000 sample images; predicted from the checkpoint alone (its data folder

@@ -156,6 +156,7 @@ def test_every_technique_under_two_process_torchrun(tmp_path: Path) -> None:
     assert int(state["ema"]["n_averaged"]) > 0
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 @pytest.mark.parametrize("name", ["configs/imagenet.json", "configs/imagenet_v1.json"])
 def test_imagenet_recipes_train_on_a_tiny_folder(tmp_path: Path, name: str) -> None:
     import numpy as np

@@ -168,6 +168,7 @@ def test_a_folder_whose_first_save_died_restarts_and_its_leftovers_are_removed(s
     assert not leftover.exists()
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_a_kill_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path, spawn):
     config = demo(tmp_path, epochs=2, type="Trainer")
     run_dir = tmp_path / "saved" / RUN / "run"
@@ -252,6 +253,7 @@ def test_other_data_is_refused_on_resume_and_by_test_py_val_unless_allowed(tmp_p
 # --- 8. loggers after a crash ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_loggers_hold_each_step_once_after_a_crash_and_the_first_interval_is_exact(
     stop_at, tmp_path
 ):

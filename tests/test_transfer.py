@@ -212,6 +212,7 @@ def test_an_unknown_freeze_prefix_stops_train_py_in_one_line(resnet18_file, tmp_
     assert not (tmp_path / "saved").exists()
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 @pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason=NO_SAMPLE)
 def test_finetune_config_on_real_images(resnet18_file, tmp_path):
     overrides = {
