@@ -165,15 +165,22 @@ def spawn() -> Callable[..., subprocess.Popen]:
             process.wait()
 
 
+def wait_for_file(process: subprocess.Popen, path: Path, timeout: float = 120) -> None:
+    """Return once `path` exists; fail with the output if `process` ends first or after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
 def signal_once_saved(
     process: subprocess.Popen, checkpoint: Path, signum: int = signal.SIGUSR1
 ) -> str:
     """Send `signum` to `process` (e.g. what SLURM sends before the time limit) once it has
     saved `checkpoint`; its output after it exits."""
-    deadline = time.monotonic() + 120
-    while not checkpoint.exists():
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
-        time.sleep(0.02)
+    wait_for_file(process, checkpoint)
     process.send_signal(signum)
     return process.communicate(timeout=120)[0]
 
@@ -234,6 +241,20 @@ def cifar_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name, value in md5_attributes(files, CIFAR10.meta).items():
         monkeypatch.setattr(CIFAR10, name, value)
     return folder.parent
+
+
+def noise_image_folder(root: Path, count: int = 24, classes: int = 3) -> Path:
+    """root/train/class<k>/<n>.jpg: `count` 48x40 RGB noise JPEGs, dealt over `classes`."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        folder = root / "train" / f"class{index % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, size=(48, 40, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{index}.jpg")
+    return root
 
 
 def kill_job(process: subprocess.Popen) -> None:

@@ -7,12 +7,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_script, set_flags, shrink
+from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_script, set_flags, shrink, wait_for_file
 from ports import free_port
 
 RUN = Path("models") / "Demo_CifarCNN"
@@ -241,10 +240,7 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes(spawn, config_path: Pa
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     run_dir = config_path.parent / "saved" / RUN / "elastic"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoint-epoch1.pth").exists():
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
-        time.sleep(0.02)
+    wait_for_file(launcher, run_dir / "checkpoint-epoch1.pth")
     workers = worker_pids(launcher.pid)
     assert len(workers) == 2
     os.kill(workers[1], signal.SIGKILL)  # mid epoch 2
@@ -383,10 +379,7 @@ def test_a_mid_epoch_resume_restores_each_ranks_own_rng(spawn, config_path: Path
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     run_dir = config_path.parent / "saved" / RUN / "stopped"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoint-epoch1.pth").exists():
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
-        time.sleep(0.01)
+    wait_for_file(launcher, run_dir / "checkpoint-epoch1.pth")
     for pid in worker_pids(launcher.pid):  # as SLURM signals every process of the job
         os.kill(pid, signal.SIGUSR1)
     output = launcher.communicate(timeout=120)[0]

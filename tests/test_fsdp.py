@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, kill_job, run_script, set_flags, shrink
+from conftest import (
+    ROOT,
+    kill_job,
+    noise_image_folder,
+    run_script,
+    set_flags,
+    shrink,
+    wait_for_file,
+)
 from ports import free_port
 
 from model.model import CifarCNN, TorchvisionModel
@@ -256,10 +264,7 @@ def test_a_stop_inside_an_epoch_resumes_bit_exact_and_on_another_world_size(
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     run_dir = config_path.parent / "saved" / RUN / "stopped"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoint-epoch1.pth").exists():
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
-        time.sleep(0.01)
+    wait_for_file(launcher, run_dir / "checkpoint-epoch1.pth")
     launcher.send_signal(signal.SIGTERM)  # torchrun passes it to both workers
     output = launcher.communicate(timeout=120)[0]
     (inside,) = run_dir.glob("checkpoint-epoch2-step*.pth")  # the stop's checkpoint
@@ -321,15 +326,7 @@ def test_a_kill_inside_a_sharded_save_resumes_the_checkpoint_before(
 def test_the_vit_recipe_trains_a_tiny_version_of_itself(tmp_path: Path) -> None:
     """configs/imagenet_vit.json as it ships (FSDP, bf16 parameters, activation checkpointing,
     its optimizer groups and augmentation) with a ViT-B/32 on 32x32 images in 2 processes."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for index in range(24):
-        folder = tmp_path / "images" / "train" / f"class{index % 3}"
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = rng.integers(0, 256, size=(48, 40, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(folder / f"{index}.jpg")
+    noise_image_folder(tmp_path / "images")
     overrides = {
         "n_gpu": 0,
         "arch.args.name": "vit_b_32",

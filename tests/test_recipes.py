@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, set_flags, shrink
+from conftest import ROOT, noise_image_folder, run_script, set_flags, shrink, wait_for_file
 from test_distributed import epoch_lines, run_torchrun
-from test_reliability import assert_same_training_state, start_training, wait_for
+from test_reliability import assert_same_training_state, start_training
 
 from utils.state.checkpoint import load_checkpoint, sorted_checkpoints
 
@@ -119,7 +119,7 @@ def test_mid_epoch_stop_then_resume_is_bit_exact_with_every_technique(
 ) -> None:
     run_dir = config_path.parent / "saved" / RUN / "preempted"
     process = start_training(spawn, config_path, "preempted")
-    wait_for(run_dir / "checkpoint-epoch1.pth", process)
+    wait_for_file(process, run_dir / "checkpoint-epoch1.pth")
     time.sleep(0.3)  # into epoch 2
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
@@ -159,15 +159,7 @@ def test_every_technique_under_two_process_torchrun(tmp_path: Path) -> None:
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 @pytest.mark.parametrize("name", ["configs/imagenet.json", "configs/imagenet_v1.json"])
 def test_imagenet_recipes_train_on_a_tiny_folder(tmp_path: Path, name: str) -> None:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for index in range(24):
-        folder = tmp_path / "images" / "train" / f"class{index % 3}"
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = rng.integers(0, 256, size=(48, 40, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(folder / f"{index}.jpg")
+    noise_image_folder(tmp_path / "images")
     overrides = {
         "n_gpu": 0,
         "data_loader.args.data_dir": str(tmp_path / "images"),

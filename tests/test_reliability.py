@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, wait_for_file
 
 from utils.state.checkpoint import load_checkpoint, read_latest, save_checkpoint, sorted_checkpoints
 from utils.state.signals import StopRequest
@@ -58,14 +58,6 @@ def start_training(spawn, config_path: Path, run_id: str) -> subprocess.Popen:
     )
 
 
-def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
-
-
 def assert_same_training_state(first: Path, second: Path) -> None:
     """Every tensor of the model and the optimizer state is bit-for-bit equal."""
     a, b = torch.load(first, weights_only=True), torch.load(second, weights_only=True)
@@ -98,7 +90,7 @@ def test_outputs_with_keep_last(uninterrupted: Path) -> None:
 def test_sigkill_then_resume_is_bit_exact(spawn, config_path: Path, uninterrupted: Path) -> None:
     run_dir = config_path.parent / "saved" / RUN / "killed"
     process = start_training(spawn, config_path, "killed")
-    wait_for(run_dir / "checkpoint-epoch1.pth", process)
+    wait_for_file(process, run_dir / "checkpoint-epoch1.pth")
     process.kill()  # SIGKILL during epoch 2: no handler runs, nothing is flushed
     process.communicate()
     assert not (run_dir / "checkpoint-epoch2.pth").exists(), "the kill came too late"
@@ -118,7 +110,7 @@ def test_sigterm_saves_mid_epoch_and_resume_finishes_exactly(
 ) -> None:
     run_dir = config_path.parent / "saved" / RUN / "preempted"
     process = start_training(spawn, config_path, "preempted")
-    wait_for(run_dir / "checkpoint-epoch1.pth", process)
+    wait_for_file(process, run_dir / "checkpoint-epoch1.pth")
     time.sleep(0.2)  # into epoch 2 (an epoch takes about a second)
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)

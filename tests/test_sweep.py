@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, signal_once_saved
+from conftest import ROOT, run_script, signal_once_saved, wait_for_file
 
 import sweep
 from sweeps.results import summarize
@@ -364,10 +364,7 @@ def test_a_stopped_random_sweep_resumes_without_running_finished_trials_again(ma
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     second_run = folder / "models" / NAME / "trial-001"
-    deadline = time.monotonic() + 120
-    while not (second_run / "checkpoint-epoch1.pth").exists():
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
-        time.sleep(0.02)
+    wait_for_file(first, second_run / "checkpoint-epoch1.pth")
     first.send_signal(signal.SIGTERM)  # passed on to trial 1, which saves and stops
     output = first.communicate(timeout=60)[0]
     assert first.returncode == 128 + signal.SIGTERM, output
