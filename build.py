@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 import data_loader.data_loaders as data_module
 import model.loss as loss_module
@@ -27,7 +26,12 @@ from data_loader.transforms import evaluation_transform
 from parse_config import ConfigError, ConfigParser
 from utils.data.batches import global_batch
 from utils.distributed.device import capabilities
-from utils.distributed.process_group import ProcessInfo, is_distributed, once_per_node
+from utils.distributed.process_group import (
+    ProcessInfo,
+    data_parallel,
+    is_distributed,
+    once_per_node,
+)
 from utils.distributed.sharding import check_fsdp_backend, checkpoint_activations, shard_model
 from utils.optim.optimizer import NORM_LAYERS, build_optimizer
 from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
@@ -167,10 +171,7 @@ def build_trainer(
         optimizer = build_optimizer(config, model, device, info.world_size)
         log_learning_rates(config, optimizer, global_batch(config, info.world_size), logger)
     if is_distributed() and not fsdp:
-        # No buffer broadcast before every forward: rank 0's BatchNorm statistics come from its
-        # own batches either way, and validation copies them to every rank (sync_buffers).
-        device_ids = None if device.index is None else [device.index]
-        model = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+        model = data_parallel(model, None if device.index is None else [device.index])
     if options["compile"]:
         # Compiled lazily at the first batch; checkpoints still hold the plain model's state.
         model = torch.compile(model, mode=options["compile_mode"])

@@ -24,20 +24,19 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.nn.parallel import DistributedDataParallel
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as `python benchmarks/fsdp_memory.py`: import the project
 
 from model.model import TorchvisionModel  # noqa: E402
+from utils.distributed.process_group import data_parallel  # noqa: E402
 from utils.distributed.sharding import check_fsdp_backend, shard_model  # noqa: E402
 
 NUM_PROCESSES = 2
@@ -139,10 +138,7 @@ def measure(
     if strategy == "FSDP":
         shard_model(model, amp_dtype=None, reshard_after_forward=True)
     else:
-        # As build.py wraps it: no buffer broadcast before every forward. torch 2.14 deprecates
-        # broadcast_buffers with a FutureWarning on every rank; the meaning is unchanged.
-        with warnings.catch_warnings(action="ignore", category=FutureWarning):
-            model = DistributedDataParallel(model, broadcast_buffers=False)
+        model = data_parallel(model, None)  # as build.py wraps it
     # After fully_shard: it replaces the parameters with their shards.
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model.train()

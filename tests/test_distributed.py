@@ -398,3 +398,22 @@ def test_a_mid_epoch_resume_restores_each_ranks_own_rng(spawn, config_path: Path
     for key, value in reference["model"].items():
         assert torch.equal(value, final["model"][key]), key
     assert final["metrics"]["val/loss"] == reference["metrics"]["val/loss"]
+
+
+def test_ddp_wraps_without_a_buffer_broadcast_nor_a_deprecation_warning() -> None:
+    """One gloo process, in this process: the flag's spelling changed in torch 2.13, and the
+    deprecated one warns on every rank of every run."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from utils.distributed.process_group import data_parallel
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            wrapped = data_parallel(torch.nn.BatchNorm1d(3), None)
+        assert wrapped.broadcast_buffers is False  # both versions answer to the old name
+    finally:
+        dist.destroy_process_group()

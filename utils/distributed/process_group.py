@@ -2,6 +2,7 @@
 
 import contextlib
 import gc
+import inspect
 import os
 import traceback
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from utils.util import TrainingError, UserError
 
@@ -135,6 +137,16 @@ def close_distributed(error: BaseException | None = None) -> None:
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def data_parallel(model: nn.Module, device_ids: list[int] | None) -> DistributedDataParallel:
+    """`model` under DDP without a buffer broadcast before every forward: rank 0's BatchNorm
+    statistics come from its own batches either way, and validation copies them to every rank
+    (sync_buffers). torch 2.13 renamed that switch (broadcast_buffers, now deprecated with a
+    warning on every rank, became forward_sync_buffers)."""
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
 
 def world_size() -> int:
