@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from utils import ConfigValueError
-from utils.distributed.sharding import default_blocks
+from utils.distributed.sharding import default_blocks, model_class
 from utils.optim.optimizer import name_prefixes, under_prefix
 
 if TYPE_CHECKING:
@@ -79,13 +79,15 @@ def model_summary(model: nn.Module) -> str:
     """One line per top-level block and the totals, e.g. "CifarCNN: 1,183,242 parameters
     (1,183,242 trainable): features Sequential 1,171,552; head Linear 11,690"."""
 
-    def count(module: nn.Module) -> int:
+    def count(module: nn.Module) -> int:  # FSDP's too: a DTensor's numel is the whole one's
         return sum(parameter.numel() for parameter in module.parameters())
 
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     blocks = "; ".join(
-        f"{name} {type(child).__name__} {count(child):,}" for name, child in model.named_children()
+        f"{name} {model_class(child).__name__} {count(child):,}"
+        for name, child in model.named_children()
     )
     return (
-        f"{type(model).__name__}: {count(model):,} parameters ({trainable:,} trainable): {blocks}"
+        f"{model_class(model).__name__}: {count(model):,} parameters ({trainable:,} trainable):"
+        f" {blocks}"
     )

@@ -25,6 +25,7 @@ from conftest import (
 )
 from ports import free_port
 
+from base.base_model import model_summary
 from model.model import CifarCNN, TorchvisionModel
 from parse_config import ConfigError
 from utils.config.load_config import validate
@@ -350,6 +351,9 @@ def test_the_vit_recipe_trains_a_tiny_version_of_itself(tmp_path: Path) -> None:
     )
     assert "Activation checkpointing: 12 blocks" in result.stdout
     assert "FSDP: 12 blocks and the root sharded over 2 process(es)" in result.stdout
+    # The summary of the sharded model is the plain one's: the config's class, every parameter.
+    plain = TorchvisionModel("vit_b_32", num_classes=3, builder_args={"image_size": 32})
+    assert model_summary(plain) in result.stdout
     state = load_checkpoint(
         tmp_path / "saved" / "models" / "ImageNet_ViT_L_16" / "tiny" / "checkpoint-epoch1.pth"
     )

@@ -107,6 +107,11 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def model_class(model: nn.Module) -> type:
+    """The class the config named: fully_shard swaps in a subclass of it and FSDPModule."""
+    return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+
+
 def gradient_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
     """Around a batch's forward and backward: reduce the gradients across ranks only when
     `sync` (the last batch of an accumulation group). DDP's no_sync(), FSDP's
