@@ -1,9 +1,9 @@
 """The engine: runs a task's training_step and validation_step (trainer/trainer.py) over epochs.
 
 Written once so that no task has to: gradient accumulation and DDP's no_sync, autocast and
-GradScaler, clipping, the learning-rate schedule, non-finite losses, exact metric sums, the
-log_step reads, the progress bar, the loggers, stop signals, checkpoints and resume.
-"""
+GradScaler, clipping, the learning-rate schedule, weight averages, non-finite losses, exact
+metric sums, the log_step reads, the progress bar, the loggers, stop signals, checkpoints and
+resume."""
 
 import abc
 import functools
@@ -37,6 +37,7 @@ from utils.evaluation.confusion import ConfusionMatrix
 from utils.evaluation.metric_sums import MetricFn, MetricSums, StepOutput
 from utils.evaluation.monitor import Monitor
 from utils.optim.averaging import new_average, update_if_due
+from utils.optim.lookahead import new_lookahead
 from utils.optim.schedule import build_scheduler, schedule_signature, step_scheduler, warmup_steps
 from utils.state.resume import epoch_start, epoch_start_lr, restore, restore_rng
 from utils.state.signals import StopRequest
@@ -63,7 +64,7 @@ class BaseTrainer(abc.ABC):
         rank: int = 0,
     ) -> None:
         self.model, self.criterion, self.metric_fns = model.to(device), criterion, metric_fns
-        self.optimizer, self.lr_scheduler, self.ema = optimizer, None, None
+        self.optimizer, self.lr_scheduler, self.ema, self.lookahead = optimizer, None, None, None
         self.config, self.device, self.data, self.rank = config, device, data, rank
         self.logger = logger or logging.getLogger("trainer")
         self.options = options = config["trainer"]
@@ -103,8 +104,8 @@ class BaseTrainer(abc.ABC):
             # checks it continues on (the data behind every split).
             self.geometry = batch_geometry(config, self.train_loader)
             self.data_fingerprint = data.fingerprint()
-            if options["ema_decay"] is not None:
-                self.ema = new_average(unwrap_model(self.model), options["ema_decay"])
+            self.ema = new_average(unwrap_model(self.model), options)  # None: ema_decay null
+            self.lookahead = new_lookahead(unwrap_model(self.model), options)  # or None
         self.data_wait_seconds = 0.0  # of the last epoch, measured by train_epoch
         self.checkpoint_dir = Path(config.checkpoint_dir)
         self.loggers = Loggers([], self.logger)  # opened by fit(), on rank 0
@@ -193,7 +194,6 @@ class BaseTrainer(abc.ABC):
         metrics["time/data_wait_fraction"] = self.data_wait_seconds / train_seconds
         metrics["lr"] = learning_rate
         step_scheduler(self.lr_scheduler, metrics, self.monitor.key, self.step_per_batch)
-
         improved = self.monitor.update(metrics, epoch)
         in_top_k, dropped = self.monitor.rank_top_k(metrics, epoch)
         # One x-axis for every curve: the optimizer step.
@@ -285,9 +285,11 @@ class BaseTrainer(abc.ABC):
         if self.step_per_batch:
             self.lr_scheduler.step()
         self.state.global_step += 1
+        step, model = self.state.global_step, unwrap_model(self.model)
         if self.ema is not None:  # every ema_period steps
-            update_if_due(self.ema, unwrap_model(self.model), self.state.global_step,
-                          self.options, self.warmup_steps)  # fmt: skip
+            update_if_due(self.ema, model, step, self.options, self.warmup_steps)
+        if self.lookahead is not None:  # every lookahead_period steps
+            self.lookahead.step(model, step, self.epochs * self.steps_per_epoch)
 
     def evaluate(self, loader: Any, prefix: str, observe: Any = None) -> dict[str, float]:
         """validation_step over every sample of `loader` exactly once (base/evaluation.py)."""

@@ -139,6 +139,7 @@ def test_activation_checkpointing_needs_blocks() -> None:
     [
         ("distributed", "sync_bn", True, "SyncBatchNorm"),
         ("trainer", "ema_decay", 0.99, "whole copy of the model"),
+        ("trainer", "lookahead_period", 5, "whole copy of the model"),
         ("trainer", "compile", True, "compiling a sharded model"),
         ("trainer", "amp", "fp16", "bf16"),
     ],

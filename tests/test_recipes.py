@@ -17,7 +17,7 @@ from test_reliability import assert_same_training_state, start_training
 from utils.state.checkpoint import load_checkpoint, sorted_checkpoints
 
 RUN = Path("models") / "Demo_CifarCNN"
-# Every technique of issue 11 on, on the demo network and data.
+# Every technique of issue 11 on (and Lookahead, with trainer below), on the demo network and data.
 TECHNIQUES = {
     "lr_scheduler": {
         "type": "CosineAnnealingLR", "args": {}, "interval": "step", "warmup_epochs": 0.5,
@@ -37,7 +37,8 @@ def recipe_config(save_dir: Path, **trainer) -> dict:
     config["data_loader"]["args"].update(auto_augment="trivialaugment", random_erasing=0.25)
     config["trainer"].update(
         epochs=2, tensorboard=False, ema_decay=0.9, ema_period=2, save_top_k=1,
-        monitor="max val/ema_accuracy", **trainer,
+        monitor="max val/ema_accuracy", lookahead_period=7, lookahead_decay=0.8,
+        lookahead_ramp=3, **trainer,
     )  # fmt: skip
     return config
 
@@ -65,6 +66,12 @@ def test_a_run_with_every_technique_validates_both_weights(reference: dict) -> N
     assert {"val/accuracy", "val/ema_accuracy", "val/ema_loss"} <= metrics.keys()
     assert metrics["val/ema_loss"] != metrics["val/loss"]  # two different sets of weights
     assert int(state["ema"]["n_averaged"]) == 120 // 2  # every ema_period optimizer steps
+    # Step 120, the last, is not one of Lookahead's (every 7): after it the model is slow.
+    assert state["lookahead"].keys() == {
+        k for k, v in state["model"].items() if v.is_floating_point()
+    }
+    for key, slow in state["lookahead"].items():
+        assert torch.equal(state["model"][key], slow), key
     # lr 0.05 for reference batch 64 on the global batch of 32: logged as 0.025 at the start.
     assert "Learning rate(s): 0.025, 0.025: optimizer lr x global batch 32" in reference["stdout"]
     # Per step: the warmup ends after half an epoch, the cosine reaches 0 at the last step.
@@ -132,8 +139,9 @@ def test_mid_epoch_stop_then_resume_is_bit_exact_with_every_technique(
     ours, theirs = run_dir / "checkpoint-epoch2.pth", reference["run_dir"] / "checkpoint-epoch2.pth"
     assert_same_training_state(theirs, ours)
     a, b = load_checkpoint(theirs), load_checkpoint(ours)
-    for key, value in a["ema"].items():
-        assert torch.equal(value, b["ema"][key]), key
+    for averaged in ("ema", "lookahead"):  # the average, the slow weights
+        for key, value in a[averaged].items():
+            assert torch.equal(value, b[averaged][key]), (averaged, key)
     assert a["metrics"]["val/ema_loss"] == b["metrics"]["val/ema_loss"]
     assert a["lr_scheduler"] == b["lr_scheduler"]
 

@@ -226,6 +226,52 @@ def test_ema_equals_the_closed_form_average(tmp_path, period):
     assert int(trainer.ema.n_averaged) == len(updates)
 
 
+# --- Lookahead ----------------------------------------------------------------------------------
+
+
+def test_lookahead_equals_its_definition() -> None:
+    """Every 2 steps slow = share * slow + (1 - share) * fast with share = 0.6 (step / 7) ** 2,
+    and training goes on from slow; after the last step (7, between two) the model is slow."""
+    from utils.optim.lookahead import Lookahead
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    lookahead = Lookahead(model, period=2, decay=0.6, ramp=2.0)
+    slow = {key: value.clone() for key, value in model.state_dict().items()}
+    for step in range(1, 8):
+        model(torch.randn(8, 3)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        fast = {key: value.clone() for key, value in model.state_dict().items()}
+        lookahead.step(model, step, total_steps=7)
+        if step % 2 == 0:
+            share = 0.6 * (step / 7) ** 2
+            for key, value in fast.items():
+                if value.is_floating_point():  # weights and BatchNorm statistics
+                    slow[key] = share * slow[key] + (1 - share) * value
+        expected = slow if step % 2 == 0 or step == 7 else fast
+        for key, value in model.state_dict().items():
+            if value.is_floating_point():
+                assert torch.allclose(value, expected[key], atol=1e-6), (step, key)
+            else:  # the counter of batches BatchNorm saw is the model's own
+                assert value == step, key
+    assert lookahead.state_dict().keys() == {k for k, v in slow.items() if v.is_floating_point()}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("lookahead_period", 0, "a positive integer"),
+        ("lookahead_decay", 1.0, "a number in [0, 1)"),
+        ("lookahead_ramp", -1, "a number >= 0"),
+    ],
+)
+def test_bad_lookahead_settings_are_config_errors(tmp_path, key, value, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"trainer.{key}: ") + ".*" + re.escape(message)):
+        demo_config(tmp_path, trainer={"lookahead_period": 5, key: value})
+
+
 # --- weight decay groups and the learning rate ---------------------------------------------------
 
 

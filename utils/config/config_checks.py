@@ -116,6 +116,7 @@ PARAM_GROUPS: Check = (
 # In (0, 1]: a probability that may be 1, a decay, a starting fraction.
 PROBABILITY: Check = (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
 SMOOTHING: Check = (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)")
+SHARE = SMOOTHING  # a part of a whole that must leave something over
 INTERVAL: Check = (lambda v: v in ("epoch", "step"), "one of ('epoch', 'step')")
 DEVICE: Check = (
     lambda v: isinstance(v, str) and DEVICE_NAME.fullmatch(v) is not None,
@@ -182,6 +183,10 @@ def check_strategy(config: dict, source: str) -> None:
         "trainer.ema_decay": (
             trainer["ema_decay"] is not None,
             "the average would be a whole copy of the model on every rank",
+        ),
+        "trainer.lookahead_period": (
+            trainer["lookahead_period"] is not None,
+            "the slow weights would be a whole copy of the model on every rank",
         ),
         "trainer.compile": (trainer["compile"], "compiling a sharded model is not supported here"),
         "trainer.amp": (trainer["amp"] == "fp16", 'use "bf16" (no GradScaler for shards)'),

@@ -16,6 +16,7 @@ from utils.config.config_checks import (
     POSITIVE_NUMBER,
     PROBABILITY,
     REQUIRED,
+    SHARE,
     STRING,
     VERBOSITY,
     WANDB_MODE,
@@ -120,6 +121,20 @@ class TrainerConfig:
     ema_period: int = key(1, POSITIVE_INT, "optimizer steps between two updates of the average")
     ema_warmup_reset: bool = key(
         False, BOOL, "restart the average at every update inside the warmup (torchvision's recipe)"
+    )
+    lookahead_period: int | None = key(
+        None,
+        optional(POSITIVE_INT),
+        "Lookahead: every this many optimizer steps the slow weights move towards the trained "
+        "ones, and training goes on from them; `null`: off",
+    )
+    lookahead_decay: float = key(
+        0.5, SHARE, "the share of the slow weights kept at a synchronisation (at the ramp's end)"
+    )
+    lookahead_ramp: float = key(
+        0.0,
+        NON_NEGATIVE_NUMBER,
+        "the kept share grows as (step / total steps) ** this; `0`: constant (the paper's)",
     )
     tta_flip: bool = key(
         False, BOOL, "validation and test.py also see each image mirrored (test-time augmentation)"

@@ -11,10 +11,14 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 
-def new_average(model: nn.Module, decay: float) -> AveragedModel:
+def new_average(model: nn.Module, options: dict) -> AveragedModel | None:
     """A copy of the plain model whose weights (and BatchNorm statistics) follow the trained
-    ones: average = decay * average + (1 - decay) * weights, at each update."""
-    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    ones: average = decay * average + (1 - decay) * weights, at each update; None when
+    trainer.ema_decay is null."""
+    if options["ema_decay"] is None:
+        return None
+    multi_avg_fn = get_ema_multi_avg_fn(options["ema_decay"])
+    return AveragedModel(model, multi_avg_fn=multi_avg_fn, use_buffers=True)
 
 
 @torch.no_grad()

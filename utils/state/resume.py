@@ -12,7 +12,7 @@ from utils.state.checkpoint import load_checkpoint
 from utils.state.optimizer_state import restore_optimizer, restore_schedule
 from utils.state.sharded import load_model_state
 from utils.state.timeline import ResumePoint
-from utils.util import UserError, derive_seed, seed_everything, set_rng_state
+from utils.util import UserError, derive_seed, seed_everything, set_rng_state, unwrap_model
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
@@ -42,6 +42,8 @@ def restore(trainer: "BaseTrainer", point: ResumePoint) -> None:
     load_model_state(trainer.model, state, path)
     if trainer.ema is not None:  # until its first update, which copies the model anew
         load_model_state(trainer.ema.module, state, path)
+    if trainer.lookahead is not None:  # the slow weights start from the loaded ones
+        trainer.lookahead.restart(unwrap_model(trainer.model))
     if config.fine_tune and not config.continue_run:
         logger.info(
             "Fine-tuning from %s (epoch %d): its weights, in a new run from epoch 1.",
@@ -60,6 +62,8 @@ def restore(trainer: "BaseTrainer", point: ResumePoint) -> None:
     restore_schedule(trainer, state, saved, hyperparameters_restored=restored)
     if trainer.ema is not None and state.get("ema"):
         trainer.ema.load_state_dict(state["ema"])
+    if trainer.lookahead is not None and state.get("lookahead"):
+        trainer.lookahead.load_state_dict(state["lookahead"])
     if state.get("grad_scaler") and trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(state["grad_scaler"])
     if config.fine_tune:

@@ -123,6 +123,7 @@ def checkpoint_state(trainer: "BaseTrainer", metrics: dict[str, float]) -> tuple
         "lr_scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler else None,
         "schedule": trainer.schedule_signature,
         "ema": trainer.ema.state_dict() if trainer.ema is not None else None,
+        "lookahead": trainer.lookahead.state_dict() if trainer.lookahead is not None else None,
         "grad_scaler": trainer.scaler.state_dict(),
         "monitor": trainer.monitor.state_dict(),
         "metrics": metrics,
