@@ -22,12 +22,17 @@ def torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
-def run_torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_torchrun(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """torchrun `args` from the repository, on the CPU, one thread per process; `env` adds to
+    the environment."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "CUDA_VISIBLE_DEVICES": "",
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     return subprocess.run(
         torchrun(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout

@@ -5,16 +5,15 @@ images trained, tested, predicted and exported, progress a pipe can read, fast d
 import csv
 import itertools
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT, run_script, shrink
+from test_distributed import run_torchrun
 from torch.utils.data import TensorDataset
 
 import data_loader.data_loaders as data_module
@@ -228,12 +227,9 @@ def predictions(checkpoint: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
 def test_distributed_metrics_equal_scikit_learn_on_the_same_predictions(tmp_path, config_name):
     metrics = pytest.importorskip("sklearn.metrics")
     config = tabular(tmp_path, config_name)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "train.py", "-c", str(config), "--run-id", "ddp"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config), "--run-id", "ddp"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     name = json.loads(config.read_text())["name"]
     checkpoint = tmp_path / "saved" / "models" / name / "ddp" / "checkpoint-epoch2.pth"

@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import ROOT, run_script, shrink
 from ports import free_port
+from test_distributed import run_torchrun
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -355,16 +356,9 @@ def test_the_process_group_gets_distributed_timeout(monkeypatch):
 @pytest.mark.slow
 def test_preparing_the_data_may_take_longer_than_the_collective_timeout(tmp_path):
     config = demo(tmp_path, trainer={"type": "Trainer", "epochs": 1}, distributed={"timeout": 0.05})
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "FAULT_SLOW_PREPARE": "8",
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "tests/faulty_train.py", "-c", str(config), "--run-id", "run"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "tests/faulty_train.py", "-c", str(config),
+        "--run-id", "run", timeout=240, env={"FAULT_SLOW_PREPARE": "8"},
     )  # fmt: skip
     # Rank 1 waits 8 s for rank 0's preparation, past the 3 s timeout of the training group.
     assert result.returncode == 0, result.stderr[-3000:]

@@ -268,7 +268,9 @@ def test_lookahead_equals_its_definition() -> None:
     ],
 )
 def test_bad_lookahead_settings_are_config_errors(tmp_path, key, value, message) -> None:
-    with pytest.raises(ConfigError, match=re.escape(f"trainer.{key}: ") + ".*" + re.escape(message)):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"trainer.{key}: ") + ".*" + re.escape(message)
+    ):
         demo_config(tmp_path, trainer={"lookahead_period": 5, key: value})
 
 
