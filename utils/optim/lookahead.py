@@ -6,8 +6,8 @@ part of the way to the trained ("fast") ones, and training goes on from the slow
     slow  = share * slow + (1 - share) * fast;  fast = slow
 
 ramp 0 is the paper's constant step; a ramp > 0 averages little early in the run and more at its
-end (the CIFAR-10 speed records' cubic ramp). The run's last step ends on the slow weights. BatchNorm's
-statistics are averaged with the weights. Python floats only: no host-device sync."""
+end (the CIFAR-10 speed records' cubic ramp). The run's last step ends on the slow weights.
+BatchNorm's statistics are averaged with the weights. Python floats only: no host-device sync."""
 
 import torch
 from torch import nn
@@ -27,6 +27,9 @@ def new_lookahead(model: nn.Module, options: dict) -> "Lookahead | None":
 
 
 class Lookahead:
+    """The slow weights of one model (a copy of its floating-point state, on its device), and
+    their update; the checkpoint's "lookahead" is state_dict()."""
+
     def __init__(self, model: nn.Module, period: int, decay: float, ramp: float) -> None:
         self.period, self.decay, self.ramp = period, decay, ramp
         self.slow = {name: value.clone() for name, value in floating_state(model).items()}
