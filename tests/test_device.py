@@ -275,6 +275,7 @@ def test_a_run_built_for_a_device_that_is_not_the_cpu_assumes_no_cuda(demo_parse
 # --- end to end: train.py with each device here -------------------------------------------------
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_train_py_runs_on_cpu_and_auto_and_refuses_devices_that_are_not_here(
     make_config, tmp_path, capsys
 ):

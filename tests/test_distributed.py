@@ -128,6 +128,7 @@ def test_two_processes_with_the_split_on_the_device(config_path: Path, tmp_path:
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["metrics"]["val/loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_a_two_process_checkpoint_resumes_in_one_process_and_back(
     two_process_run: dict, config_path: Path
 ) -> None:
@@ -233,6 +234,7 @@ def worker_pids(parent: int) -> list[int]:
     return pids
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_a_killed_worker_is_restarted_and_the_run_resumes(spawn, config_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -320,6 +322,7 @@ sys.exit(train.main())
 """
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_cifar10_is_downloaded_once_and_every_rank_trains(config_path: Path, tmp_path: Path):
     log = tmp_path / "downloads.log"
     wrapper = tmp_path / "train_offline.py"
@@ -349,6 +352,7 @@ def test_cifar10_is_downloaded_once_and_every_rank_trains(config_path: Path, tmp
     assert state["global_step"] == 3  # 80 training images / (16 x 2 ranks), rounded up
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_fewer_validation_samples_than_ranks(config_path: Path) -> None:
     result = run_torchrun(
         "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config_path), "--epochs", "1",

@@ -120,6 +120,7 @@ def test_denoising_resumes_bit_exact(tmp_path):
     assert_resume_is_bit_exact(config_file(tmp_path, "configs/denoise.json", "d.json", **DENOISE))
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_denoising_under_torchrun(tmp_path):
     config = config_file(tmp_path, "configs/denoise.json", "d.json", **DENOISE)
     output = torchrun_two_processes(config)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import ROOT, shrink, signal_once_saved
 from ports import free_port
@@ -68,6 +69,7 @@ def start_job(spawn, tmp_path: Path, config: Path, calls: Path) -> subprocess.Po
     )
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_preemption_requeues_once_without_restarting_workers_then_resumes(spawn, tmp_path):
     config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
     config["data_loader"]["args"].update(num_train=640)
