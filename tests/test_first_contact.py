@@ -280,13 +280,12 @@ def test_the_run_id_of_a_run_without_checkpoints_can_be_reused(make_config):
 
 
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
-def test_restarting_a_run_without_checkpoints_refuses_a_new_config(make_config, tmp_path):
+def test_restarting_a_run_without_checkpoints_refuses_a_new_config(make_config, tmp_path, capsys):
     run_dir = tmp_path / "saved" / RUN / "empty"
     run_dir.mkdir(parents=True)
     shutil.copy(make_config(), run_dir / "config.json")
-    result = run_script("train.py", "-r", str(run_dir), "-c", str(make_config()))
-    assert result.returncode == 2
-    assert "no checkpoint to start from; drop -c" in result.stderr
+    assert train.main(["-r", str(run_dir), "-c", str(make_config())]) == 2
+    assert "no checkpoint to start from; drop -c" in capsys.readouterr().err
 
 
 # --- 11. a bug in the user's own model shows its traceback ---------------------------------------
@@ -312,13 +311,11 @@ def test_a_bug_in_a_model_constructor_is_not_reported_as_a_config_error(make_con
 # --- 12. learning-rate schedules -----------------------------------------------------------------
 
 
-def test_plateau_scheduler_per_step_is_refused_up_front(make_config, tmp_path):
+def test_plateau_scheduler_per_step_is_refused_up_front(make_config, tmp_path, capsys):
     scheduler = {"type": "ReduceLROnPlateau", "args": {}, "interval": "step"}
-    result = run_script("train.py", "-c", str(make_config(lr_scheduler=scheduler)))
-    assert result.returncode == 2
-    assert (
-        result.stderr.count("\n") == 1 and 'must be "epoch" for ReduceLROnPlateau' in result.stderr
-    )
+    assert train.main(["-c", str(make_config(lr_scheduler=scheduler))]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and 'must be "epoch" for ReduceLROnPlateau' in stderr
     assert not (tmp_path / "saved").exists()
 
 

@@ -18,6 +18,7 @@ import torch
 from conftest import ROOT, Crash, run_script, shrink
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_bad_input import ENTRY_POINTS
 
 import train
 from utils.state.checkpoint import read_latest, sorted_checkpoints
@@ -232,20 +233,11 @@ def test_other_data_is_refused_on_resume_and_by_test_py_val_unless_allowed(tmp_p
     assert err.count("\n") == 1 and "the data changed since this checkpoint" in err
     assert "training split: 33 samples, 32 before; validation split: other samples (8)" in err
     assert "--allow-data-change" in err and not (run_dir / "abandoned").exists()
-    test_py = [
-        sys.executable,
-        "test.py",
-        "-r",
-        str(run_dir / "checkpoint-epoch2.pth"),
-        "--split",
-        "val",
-    ]
-    refused = subprocess.run(test_py, cwd=ROOT, capture_output=True, text=True)
-    assert refused.returncode == 2 and "validation split: other samples (8)" in refused.stderr
-    allowed = subprocess.run(
-        [*test_py, "--allow-data-change"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert allowed.returncode == 0, allowed.stderr
+    test_py = ENTRY_POINTS["test"].main  # in-process: each subprocess would import torch again
+    test_args = ["-r", str(run_dir / "checkpoint-epoch2.pth"), "--split", "val"]
+    assert test_py(test_args) == 2
+    assert "validation split: other samples (8)" in capsys.readouterr().err
+    assert test_py([*test_args, "--allow-data-change"]) == 0
     assert train.main(["-r", str(run_dir), "--epochs", "3", "--allow-data-change"]) == 0
     assert epoch_of(run_dir / "checkpoint-epoch3.pth")[0] == 3
 
