@@ -35,7 +35,7 @@ from utils.config.config_checks import (
     PROBABILITY,
     REQUIRED,
     SAMPLER,
-    SMOOTHING,
+    SHARE,
     STRATEGY,
     STRING,
     VALIDATION_SPLIT,
@@ -60,7 +60,7 @@ class LossArgs:
     """loss.args, checked up front when present; any other argument is the function's."""
 
     label_smoothing: float | None = key(
-        OPTIONAL, SMOOTHING, "`cross_entropy`: weight of the uniform distribution in the target"
+        OPTIONAL, SHARE, "`cross_entropy`: weight of the uniform distribution in the target"
     )
 
 

@@ -115,8 +115,8 @@ PARAM_GROUPS: Check = (
 )
 # In (0, 1]: a probability that may be 1, a decay, a starting fraction.
 PROBABILITY: Check = (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
-SMOOTHING: Check = (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)")
-SHARE = SMOOTHING  # a part of a whole that must leave something over
+# In [0, 1): a share of a whole that leaves something over (label smoothing, Lookahead's decay).
+SHARE: Check = (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)")
 INTERVAL: Check = (lambda v: v in ("epoch", "step"), "one of ('epoch', 'step')")
 DEVICE: Check = (
     lambda v: isinstance(v, str) and DEVICE_NAME.fullmatch(v) is not None,
