@@ -240,6 +240,7 @@ def test_compile_does_not_recompile_after_the_first_epoch(make_config):
     # The compiled model trains (the knob test of test_performance.py, for this knob) and its
     # checkpoint holds the plain model's names, not the compiled wrapper's.
     assert state["metrics"]["train/loss"] < first["metrics"]["train/loss"] - 0.05
+    assert 0 <= state["metrics"]["time/data_wait_fraction"] <= 1
     assert not any(key.startswith("_orig_mod.") for key in state["model"])
 
 
