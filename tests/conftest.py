@@ -1,6 +1,8 @@
 """Shared fixtures: shrink the shipped configs and run the real entry points as subprocesses."""
 
 import contextlib
+import importlib.util
+import io
 import json
 import logging
 import os
@@ -8,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+import types
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -139,6 +143,63 @@ def run_script(
     }
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def load_entry_point(name: str) -> types.ModuleType:
+    """ROOT/<name>.py as a module, by path (the standard library has a `test` package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_entry_point", ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The entry scripts, for their main(argv) (run_main). Importing them is cheap: each imports torch
+# and the template inside main(), after parsing its arguments. train is the module the tests
+# import (monkeypatching it reaches these calls); test.py is loaded by path.
+ENTRY_POINTS = {
+    "train": importlib.import_module("train"),
+    "test": load_entry_point("test"),
+    "predict": importlib.import_module("predict"),
+    "export": importlib.import_module("export"),
+}
+
+
+def run_main(
+    script: str, *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """What run_script("<script>.py", *args) returns, from <script>.main(args) called in this
+    process: its exit code and what it printed, on the CPU with one thread.
+
+    For tests whose subject is not the process itself (a knob, an output, a resume's result): a
+    new interpreter spends 6 to 10 s of a core importing torch and torchvision before train.py
+    does anything, the in-process call under 1 s on the demo. A bug raises here, with its
+    traceback. The end-to-end tests (signals, kills, torchrun, exit codes of crashes, a fresh
+    copy of the project, a command as the README writes it) still start real processes.
+    """
+    main = ENTRY_POINTS[script.removesuffix(".py")].main
+    stdout, stderr = io.StringIO(), io.StringIO()
+    environ = dict(os.environ)
+    os.environ.update({"CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    # _reset_torch_state sets the thread count back; warnings are shown again in each run, as
+    # in a new process, and filters a run sets do not outlive it.
+    torch.set_num_threads(1)
+    try:
+        with (
+            contextlib.chdir(cwd),
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+        ):
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:  # argparse's errors and --help
+                code = exit_.code if isinstance(exit_.code, int) else 1 if exit_.code else 0
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess(
+        [script, *args], code, stdout=stdout.getvalue(), stderr=stderr.getvalue()
     )
 
 

@@ -6,7 +6,6 @@ resume cases need; each test works on its own copy of it under tmp_path/saved.
 """
 
 import hashlib
-import importlib.util
 import json
 import shutil
 from collections.abc import Callable
@@ -15,24 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, checkpoint_dirs, run_script, shrink
+from conftest import ENTRY_POINTS, ROOT, checkpoint_dirs, run_script, shrink
 
 import data_loader.data_loaders as data_module
 import model.loss as loss_module
 import model.metric as metric_module
 import model.model as arch_module
-import train
 
-
-def load_entry_point(name: str):
-    """ROOT/<name>.py as a module (test.py by path: the standard library has a `test` package)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_entry_point", ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ENTRY_POINTS = {"train": train, "test": load_entry_point("test")}
 RUN_NAME = "Demo_CifarCNN"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, shrink
+from conftest import ROOT, run_main, shrink
 from torch import nn
 
 from data_loader.data_loaders import SyntheticDataLoader
@@ -43,7 +43,7 @@ def train_with(make_config, overrides: dict, run_id: str) -> list[dict]:
             **overrides,
         }
     )
-    result = run_script("train.py", "-c", str(config), "--run-id", run_id)
+    result = run_main("train.py", "-c", str(config), "--run-id", run_id)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = config.parent / "saved" / "models" / "Demo_CifarCNN" / run_id
     return [

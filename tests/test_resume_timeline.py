@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, Crash, run_script, shrink
+from conftest import ENTRY_POINTS, ROOT, Crash, run_script, shrink
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_bad_input import ENTRY_POINTS
 
 import train
 from utils.state.checkpoint import read_latest, sorted_checkpoints
