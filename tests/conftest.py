@@ -12,7 +12,7 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -60,24 +60,39 @@ if len(TORCH_FLAGS) == 1:
     ]
 
 
-@pytest.fixture(autouse=True)
-def _reset_torch_state():
-    """Tests that seed or change global torch settings (an in-process train.main sets
-    deterministic algorithms, cuDNN and TF32 flags) do not leak into each other."""
+@contextlib.contextmanager
+def torch_state_kept() -> Iterator[None]:
+    """Global torch settings as they were before: the RNG, the thread count, deterministic
+    algorithms, the cuDNN and TF32 flags (an in-process train.main sets them)."""
     rng_state = torch.get_rng_state()
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     flags = {name: getattr(owner, name) for owner, name in TORCH_FLAGS if hasattr(owner, name)}
-    yield
-    torch.set_rng_state(rng_state)
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-    for owner, name in TORCH_FLAGS:
-        # Set back only what changed: torch >= 2.9 refuses to read allow_tf32 once the newer
-        # fp32_precision settings were written, and the other way round.
-        if hasattr(owner, name) and name in flags and getattr(owner, name) != flags[name]:
-            setattr(owner, name, flags[name])
+    try:
+        yield
+    finally:
+        torch.set_rng_state(rng_state)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        for owner, name in TORCH_FLAGS:
+            # Set back only what changed: torch >= 2.9 refuses to read allow_tf32 once the
+            # newer fp32_precision settings were written, and the other way round.
+            if hasattr(owner, name) and name in flags and getattr(owner, name) != flags[name]:
+                setattr(owner, name, flags[name])
+
+
+# One thread per pytest process, as run_script gives each process it starts: `-n auto` runs a
+# worker per core, and torch's default of a thread per core would oversubscribe them (measured:
+# 5 times the CPU time of one thread for in-process runs on a loaded 2-core machine).
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _reset_torch_state() -> Iterator[None]:
+    """Tests that seed or change global torch settings do not leak into each other."""
+    with torch_state_kept():
+        yield
 
 
 def shrink(config: dict, save_dir: Path) -> dict:
@@ -162,6 +177,7 @@ ENTRY_POINTS = {
     "test": load_entry_point("test"),
     "predict": importlib.import_module("predict"),
     "export": importlib.import_module("export"),
+    "sweep": importlib.import_module("sweep"),
 }
 
 
@@ -169,7 +185,8 @@ def run_main(
     script: str, *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """What run_script("<script>.py", *args) returns, from <script>.main(args) called in this
-    process: its exit code and what it printed, on the CPU with one thread.
+    process (train, test, predict, export, sweep): its exit code and what it printed, on the CPU
+    with one thread. sweep.py's trials are still processes of their own.
 
     For tests whose subject is not the process itself (a knob, an output, a resume's result): a
     new interpreter spends 6 to 10 s of a core importing torch and torchvision before train.py
@@ -180,12 +197,17 @@ def run_main(
     main = ENTRY_POINTS[script.removesuffix(".py")].main
     stdout, stderr = io.StringIO(), io.StringIO()
     environ = dict(os.environ)
-    os.environ.update({"CUDA_VISIBLE_DEVICES": "", **(env or {})})
-    # _reset_torch_state sets the thread count back; warnings are shown again in each run, as
-    # in a new process, and filters a run sets do not outlive it.
-    torch.set_num_threads(1)
+    root = logging.getLogger()
+    level, handlers = root.level, root.handlers[:]
+    # run_script's environment, which processes the call starts (sweep.py's trials) inherit.
+    os.environ.update(
+        {"OMP_NUM_THREADS": "1", **environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    )
     try:
+        # As in a new process: torch's global settings and the root logger come back as they
+        # were (also after a module-scoped fixture's run), warnings are shown again in each run.
         with (
+            torch_state_kept(),
             contextlib.chdir(cwd),
             warnings.catch_warnings(),
             contextlib.redirect_stdout(stdout),
@@ -198,6 +220,11 @@ def run_main(
     finally:
         os.environ.clear()
         os.environ.update(environ)
+        for handler in root.handlers:
+            if handler not in handlers:  # main()'s: a console on the capture above, info.log
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return subprocess.CompletedProcess(
         [script, *args], code, stdout=stdout.getvalue(), stderr=stderr.getvalue()
     )
@@ -276,14 +303,14 @@ def stop_at(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real checkpoint, trained once per session by train.py: the shrunk demo config, 1 epoch
-    on synthetic data. Shared: tests that change it work on a copy."""
+    """A real checkpoint, trained once per session by train.py's main(): the shrunk demo
+    config, 1 epoch on synthetic data. Shared: tests that change it work on a copy."""
     folder = tmp_path_factory.mktemp("demo_checkpoint")
     overrides = {"trainer.epochs": 1, "trainer.tensorboard": False}
     config = write_shrunk(
         "configs/demo.json", folder / "config.json", folder / "saved", **overrides
     )
-    result = run_script("train.py", "-c", str(config), "--run-id", "demo")
+    result = run_main("train.py", "-c", str(config), "--run-id", "demo")
     assert result.returncode == 0, result.stderr[-3000:]
     return folder / "saved" / "models" / "Demo_CifarCNN" / "demo" / "checkpoint-epoch1.pth"
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_script, set_flags, shrink, wait_for_file
+from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags, shrink, wait_for_file
 from ports import free_port
+
+from utils.distributed.sharding import torch_version
 
 RUN = Path("models") / "Demo_CifarCNN"
 EPOCH_LINE = re.compile(r"(\[rank (\d)\] )?epoch (\d+)/\d+  (.*?)  \(")
@@ -95,7 +97,7 @@ def test_single_process_test_py_reproduces_the_distributed_validation(
 ) -> None:
     checkpoint = two_process_run["run_dir"] / "checkpoint-epoch2.pth"
     output = tmp_path / "val.json"
-    result = run_script("test.py", "-r", str(checkpoint), "--split", "val", "--json", str(output))
+    result = run_main("test.py", "-r", str(checkpoint), "--split", "val", "--json", str(output))
     assert result.returncode == 0, result.stderr
     report = json.loads(output.read_text())
     recorded = torch.load(checkpoint, weights_only=True)["metrics"]
@@ -120,7 +122,7 @@ def test_two_processes_with_the_split_on_the_device(config_path: Path, tmp_path:
     recorded = torch.load(checkpoint, weights_only=True)
     assert recorded["global_step"] == 9  # 544 samples / (32 x 2 ranks), rounded up
     output = tmp_path / "val.json"
-    result = run_script("test.py", "-r", str(checkpoint), "--split", "val", "--json", str(output))
+    result = run_main("test.py", "-r", str(checkpoint), "--split", "val", "--json", str(output))
     assert result.returncode == 0, result.stderr
     report = json.loads(output.read_text())
     assert report["num_samples"] == 96
@@ -133,7 +135,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process_and_back(
     two_process_run: dict, config_path: Path
 ) -> None:
     run_dir = two_process_run["run_dir"]
-    single = run_script("train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"), "--epochs", "3")
+    single = run_main("train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"), "--epochs", "3")
     assert single.returncode == 0, single.stderr
     assert "epoch 3/3" in single.stdout
     back = run_torchrun(
@@ -145,13 +147,16 @@ def test_a_two_process_checkpoint_resumes_in_one_process_and_back(
     assert torch.load(run_dir / "checkpoint-epoch4.pth", weights_only=True)["epoch"] == 4
 
 
-def test_two_nodes_on_loopback(spawn, config_path: Path) -> None:
+def test_two_nodes_on_loopback_with_fewer_validation_samples_than_ranks(
+    spawn, config_path: Path
+) -> None:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     node_args = [
         "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes",
         "train.py", "-c", str(config_path), "--epochs", "1",
+        "--set", "data_loader.args.validation_split=1",
     ]  # fmt: skip
     nodes = [
         spawn(torchrun(*node_args), cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
@@ -161,9 +166,11 @@ def test_two_nodes_on_loopback(spawn, config_path: Path) -> None:
     assert [node.returncode for node in nodes] == [0, 0], outputs
     # The default run id under torchrun is the rendezvous id, the same on both nodes.
     run_dir = config_path.parent / "saved" / RUN / "two-nodes"
-    assert (run_dir / "checkpoint-epoch1.pth").is_file()
+    state = torch.load(run_dir / "checkpoint-epoch1.pth", weights_only=True)
     lines = epoch_lines("".join(outputs))
     assert lines[0] == lines[1]
+    # One validation sample for two ranks: the padded sampler's copy is not counted twice.
+    assert state["metrics"]["val/accuracy"] in (0.0, 1.0)
 
 
 CLOSE_WHILE_A_COLLECTIVE_RUNS = """
@@ -201,6 +208,10 @@ print(f"rank {{info.rank}} closed")
 """
 
 
+@pytest.mark.skipif(
+    torch_version() >= (2, 8),
+    reason="pytorch/pytorch#154976 is fixed from torch 2.8 on; CI's floor job (torch 2.6) runs it",
+)
 @pytest.mark.parametrize("ending", ["return", "fail", "cycle"])
 def test_leaving_while_a_gloo_worker_still_holds_a_tensor_does_not_hang(
     tmp_path: Path, ending: str
@@ -350,19 +361,6 @@ def test_cifar10_is_downloaded_once_and_every_rank_trains(config_path: Path, tmp
         weights_only=True,
     )
     assert state["global_step"] == 3  # 80 training images / (16 x 2 ranks), rounded up
-
-
-@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
-def test_fewer_validation_samples_than_ranks(config_path: Path) -> None:
-    result = run_torchrun(
-        "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config_path), "--epochs", "1",
-        "--run-id", "one-val", "--set", "data_loader.args.validation_split=1",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    state = torch.load(
-        config_path.parent / "saved" / RUN / "one-val" / "checkpoint-epoch1.pth", weights_only=True
-    )
-    assert state["metrics"]["val/accuracy"] in (0.0, 1.0)  # one sample, counted once
 
 
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests

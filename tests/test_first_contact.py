@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, shrink
+from conftest import ROOT, run_main, shrink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -251,7 +251,7 @@ def test_compile_does_not_recompile_after_the_first_epoch(make_config):
 def test_a_run_that_failed_before_its_first_checkpoint_can_be_restarted(make_config):
     # SGD at lr 1e38 overflows at once: the run stops with an error and holds only config.json.
     config = make_config(**{"optimizer": {"type": "SGD", "args": {"lr": 1e38}}})
-    failed = run_script("train.py", "-c", str(config), "--run-id", "crashed")
+    failed = run_main("train.py", "-c", str(config), "--run-id", "crashed")
     assert failed.returncode == 1, failed.stderr
     run_dir = config.parent / "saved" / RUN / "crashed"
     assert [path.name for path in run_dir.iterdir()] == ["config.json"]
@@ -260,7 +260,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_can_be_restarted(make_con
     saved_config = json.loads((run_dir / "config.json").read_text())
     saved_config["optimizer"]["args"]["lr"] = 0.003
     (run_dir / "config.json").write_text(json.dumps(saved_config))
-    restarted = run_script("train.py", "-r", str(run_dir))
+    restarted = run_main("train.py", "-r", str(run_dir))
     assert restarted.returncode == 0, restarted.stderr
     assert re.findall(r"epoch (\d)/2 ", restarted.stdout) == ["1", "2"]
     assert (run_dir / "checkpoint-epoch2.pth").is_file()
@@ -268,12 +268,11 @@ def test_a_run_that_failed_before_its_first_checkpoint_can_be_restarted(make_con
 
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_the_run_id_of_a_run_without_checkpoints_can_be_reused(make_config, capsys):
-    # The failed run and the refusal in-process (a subprocess imports torch again); the run
-    # that reuses the id as users start it.
+    # All three runs in-process: a subprocess would import torch again.
     config = make_config(**{"optimizer": {"type": "SGD", "args": {"lr": 1e38}}})
     assert train.main(["-c", str(config), "--run-id", "again"]) == 1
     fixed = make_config(filename="fixed.json")
-    result = run_script("train.py", "-c", str(fixed), "--run-id", "again")
+    result = run_main("train.py", "-c", str(fixed), "--run-id", "again")
     assert result.returncode == 0, result.stderr
     run_dir = config.parent / "saved" / RUN / "again"
     assert json.loads((run_dir / "config.json").read_text())["optimizer"]["type"] == "Adam"
@@ -328,7 +327,7 @@ def test_logged_lr_is_the_rate_the_epoch_trained_with(make_config):
     # A per-step schedule that halves the rate at every optimizer step (8 per epoch).
     scheduler = {"type": "ExponentialLR", "args": {"gamma": 0.5}, "interval": "step"}
     config = make_config(lr_scheduler=scheduler)
-    result = run_script("train.py", "-c", str(config), "--run-id", "lr")
+    result = run_main("train.py", "-c", str(config), "--run-id", "lr")
     assert result.returncode == 0, result.stderr
     run_dir = config.parent / "saved" / RUN / "lr"
     lrs = [

@@ -18,7 +18,7 @@ from conftest import (
     ROOT,
     kill_job,
     noise_image_folder,
-    run_script,
+    run_main,
     set_flags,
     shrink,
     wait_for_file,
@@ -240,7 +240,7 @@ def test_fsdp_trains_to_ddps_weights_and_test_py_repeats_its_validation(
         torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5)
     # One process, no process group: the distributed validation again, every sample once.
     output = tmp_path / "test.json"
-    result = run_script("test.py", "-r", str(fsdp), "--split", "val", "--json", str(output))
+    result = run_main("test.py", "-r", str(fsdp), "--split", "val", "--json", str(output))
     assert result.returncode == 0, result.stderr[-3000:]
     recorded = load_checkpoint(fsdp)["metrics"]
     report = json.loads(output.read_text())
@@ -249,7 +249,7 @@ def test_fsdp_trains_to_ddps_weights_and_test_py_repeats_its_validation(
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
     # export.py: one consolidated file from the shards, checked against the checkpoint's model.
     exported = tmp_path / "model.pt"
-    result = run_script(
+    result = run_main(
         "export.py", "-r", str(fsdp), "--format", "torchscript", "--out", str(exported)
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -282,7 +282,7 @@ def test_a_stop_inside_an_epoch_resumes_bit_exact_and_on_another_world_size(
     assert final["metrics"]["val/loss"] == expected["metrics"]["val/loss"]
 
     # 2 ranks -> 1: the shards of both ranks resharded into one process, the epoch finished.
-    result = run_script("train.py", "-r", str(one_process), "--epochs", "3")
+    result = run_main("train.py", "-r", str(one_process), "--epochs", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the number of processes 2 -> 1" in result.stdout
     assert load_checkpoint(one_process / "checkpoint-epoch3.pth")["epoch"] == 3
@@ -313,7 +313,7 @@ def test_a_kill_inside_a_sharded_save_resumes_the_checkpoint_before(
     (cut_short,) = [f for f in run_dir.glob("shards-*.dcp") if not (f / ".metadata").exists()]
     assert not (run_dir / "checkpoint-epoch2.pth").exists()
 
-    result = run_script("train.py", "-r", str(run_dir))
+    result = run_main("train.py", "-r", str(run_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     assert (
         "Resumed from" in result.stdout and "checkpoint-epoch1.pth (epoch 1 done" in result.stdout

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, shrink
+from conftest import ENTRY_POINTS, ROOT, shrink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
@@ -22,14 +22,6 @@ from utils.evaluation.confusion import ConfusionMatrix, class_scores, draw_confu
 from utils.evaluation.metric_sums import StepOutput
 
 RUN = Path("models") / "Demo_CifarCNN"
-
-
-def load_test_py():
-    """test.py as a module (by path: the standard library has a `test` package)."""
-    spec = importlib.util.spec_from_file_location("test_entry_point", ROOT / "test.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -230,7 +222,7 @@ def test_csv_rows_equal_the_checkpoints_after_a_stop_and_two_resumes(stop_at, tm
     report_path, image_path = tmp_path / "val.json", tmp_path / "val.png"
     arguments = ["-r", str(run_dir / "checkpoint-epoch2.pth"), "--split", "val"]
     arguments += ["--json", str(report_path), "--confusion-png", str(image_path)]
-    assert load_test_py().main(arguments) == 0
+    assert ENTRY_POINTS["test"].main(arguments) == 0
     report = json.loads(report_path.read_text())
     counts = torch.tensor(report["confusion_matrix"])
     assert counts.shape == (10, 10) and counts.sum() == report["num_samples"] == 64

@@ -1,5 +1,8 @@
 """Fault tolerance: exact resume after SIGKILL, SIGTERM preemption, crash-safe saves, keep_last,
-non-finite losses and the stop-signal handler."""
+non-finite losses and the stop-signal handler.
+
+The runs that are killed or signalled are real train.py processes; the reference run and the
+resumes after them call train.main in-process (run_main), and must match them bit for bit."""
 
 import os
 import shutil
@@ -11,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, wait_for_file
+from conftest import ROOT, run_main, wait_for_file
 
 from utils.state.checkpoint import load_checkpoint, read_latest, save_checkpoint, sorted_checkpoints
 from utils.state.signals import StopRequest
@@ -39,14 +42,14 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def uninterrupted(config_path: Path) -> Path:
     """The reference: the same config trained start to finish without interruption."""
-    result = run_script("train.py", "-c", str(config_path), "--run-id", "reference")
+    result = run_main("train.py", "-c", str(config_path), "--run-id", "reference")
     assert result.returncode == 0, result.stderr
     return config_path.parent / "saved" / RUN / "reference"
 
 
 def start_training(spawn, config_path: Path, run_id: str) -> subprocess.Popen:
-    # The same environment as run_script's: bit-exactness holds for the same thread count
-    # (intra-op parallel reductions add in a different order with more threads).
+    # One thread, as run_main's runs: bit-exactness holds for the same thread count (intra-op
+    # parallel reductions add in a different order with more threads).
     env = {"OMP_NUM_THREADS": "1", **os.environ, "CUDA_VISIBLE_DEVICES": ""}
     return spawn(
         [sys.executable, "train.py", "-c", str(config_path), "--run-id", run_id],
@@ -96,7 +99,7 @@ def test_sigkill_then_resume_is_bit_exact(spawn, config_path: Path, uninterrupte
     assert not (run_dir / "checkpoint-epoch2.pth").exists(), "the kill came too late"
 
     # -r with the run folder resumes from the newest complete checkpoint.
-    result = run_script("train.py", "-r", str(run_dir))
+    result = run_main("train.py", "-r", str(run_dir))
     assert result.returncode == 0, result.stderr
     assert "Resumed from" in result.stdout and "epoch 1 done" in result.stdout
     assert_same_training_state(
@@ -126,7 +129,7 @@ def test_sigterm_saves_mid_epoch_and_resume_finishes_exactly(
     # trainer.len_epoch sets the epoch's length (15 passes): a position in batches only.
     assert state["epoch"] == 1 and 0 < batches < 120 and state["position"]["samples"] is None
 
-    result = run_script("train.py", "-r", str(saved))
+    result = run_main("train.py", "-r", str(saved))
     assert result.returncode == 0, result.stderr
     assert f"epoch 1 done, then {batches} batches of epoch 2" in result.stdout
     # Data order, skipped batches and RNG state all line up: the result equals the
@@ -158,7 +161,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_resumable(
 
     assert path.read_bytes() == before
     assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == []  # no temp file
-    result = run_script("train.py", "-r", str(path))
+    result = run_main("train.py", "-r", str(path))
     assert result.returncode == 0, result.stderr
     assert "epoch 3/3" in result.stdout
 
@@ -168,7 +171,7 @@ def test_nonfinite_loss_stops_and_keeps_model_best(uninterrupted: Path, tmp_path
     shutil.copytree(uninterrupted, run_dir)
     before = {path.name: path.read_bytes() for path in run_dir.glob("*.pth")}
     # A changed optimizer starts afresh; SGD at lr 1e38 overflows float32 within two steps.
-    result = run_script(
+    result = run_main(
         "train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"),
         "--set", "optimizer.type=SGD", "--lr", "1e38", "--epochs", "4",
     )  # fmt: skip
@@ -184,7 +187,7 @@ def test_nonfinite_loss_stops_and_keeps_model_best(uninterrupted: Path, tmp_path
 
 
 def test_nonfinite_skip_policy_gives_up_after_too_many(config_path: Path, tmp_path: Path) -> None:
-    result = run_script(
+    result = run_main(
         "train.py", "-c", str(config_path), "--run-id", "skips",
         "--set", "optimizer.type=SGD", "--lr", "1e38",
         "--set", "trainer.nonfinite=skip", "--set", "trainer.max_skipped_steps=3",

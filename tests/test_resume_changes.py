@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, shrink
+from conftest import ROOT, run_main, shrink
 from ports import free_port
 from test_distributed import run_torchrun
 from torch import nn
@@ -178,7 +178,7 @@ def test_a_two_process_checkpoint_inside_an_epoch_resumes_in_one_process(tmp_pat
     state = load(saved)
     done = state["position"]["samples"]
     assert state["geometry"]["world_size"] == 2 and done == 64 * state["position"]["batches"]
-    result = run_script("train.py", "-r", str(run_dir))
+    result = run_main("train.py", "-r", str(run_dir))
     assert result.returncode == 0, result.stderr
     assert (
         f"the number of processes 2 -> 1: the epoch goes on after the {done} samples"
@@ -408,11 +408,11 @@ def test_ema_warmup_reset_restarts_the_average_until_the_warmup_is_over(stop_at,
 def test_tools_load_the_weights_the_monitor_chose(stop_at, tmp_path):
     trainer = {"epochs": 1, "ema_decay": 0.5, "monitor": "max val/ema_accuracy", "type": "Trainer"}
     config = demo(tmp_path, trainer=trainer)
-    result = run_script("train.py", "-c", str(config), "--run-id", "ema")
+    result = run_main("train.py", "-c", str(config), "--run-id", "ema")
     assert result.returncode == 0, result.stderr
     best = tmp_path / "saved" / RUN / "ema" / "model_best.pth"
     report = tmp_path / "report.json"
-    result = run_script("test.py", "-r", str(best), "--split", "val", "--json", str(report))
+    result = run_main("test.py", "-r", str(best), "--split", "val", "--json", str(report))
     assert result.returncode == 0, result.stderr
     assert (
         "the averaged weights (trainer.monitor 'max val/ema_accuracy' judged them)" in result.stdout
@@ -423,5 +423,5 @@ def test_tools_load_the_weights_the_monitor_chose(stop_at, tmp_path):
         json.loads(report.read_text())["metrics"]["val/accuracy"]
         == state["metrics"]["val/ema_accuracy"]
     )
-    trained = run_script("test.py", "-r", str(best), "--split", "val", "--weights", "trained")
+    trained = run_main("test.py", "-r", str(best), "--split", "val", "--weights", "trained")
     assert "the trained weights" in trained.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ENTRY_POINTS, ROOT, Crash, run_script, shrink
+from conftest import ENTRY_POINTS, ROOT, Crash, run_main, shrink
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -183,7 +183,7 @@ def test_a_kill_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path, spawn
     process.kill()
     process.wait()
     assert names(run_dir)[0].startswith(".checkpoint-epoch1.pth.")  # no checkpoint, a leftover
-    result = run_script("train.py", "-r", str(run_dir))  # restartable
+    result = run_main("train.py", "-r", str(run_dir))  # restartable
     assert result.returncode == 0, result.stderr
     assert "Removed 1 file(s) left by saves cut short" in result.stdout
     assert names(run_dir) == [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, signal_once_saved, wait_for_file
+from conftest import ROOT, run_main, signal_once_saved, wait_for_file
 
 import sweep
 from sweeps.results import summarize
@@ -240,7 +240,7 @@ def test_a_grid_runs_two_at_once_ranks_its_trials_and_skips_them_when_run_again(
     command = ["sweep.py", "-c", str(config), "--name", "lr", "--parallel", "2"]
     command += ["--set", "data_loader.args.batch_size=16"]
     command += ["--grid", "optimizer.args.lr=[0.03,0.001]", "--grid", "seed=[1,2]"]
-    result = run_script(*command)
+    result = run_main(*command)
     assert result.returncode == 0, result.stderr + result.stdout
     folder = sweep_dir(config, "lr")
     rows = read_summary(folder)
@@ -263,7 +263,7 @@ def test_a_grid_runs_two_at_once_ranks_its_trials_and_skips_them_when_run_again(
 
     checkpoints = sorted(folder.glob("models/*/*/*.pth"))
     mtimes = [path.stat().st_mtime_ns for path in checkpoints]
-    again = run_script(*command)
+    again = run_main(*command)
     assert again.returncode == 0, again.stderr
     assert "started" not in again.stdout
     assert [path.stat().st_mtime_ns for path in checkpoints] == mtimes
@@ -275,7 +275,7 @@ def test_a_failed_trial_is_recorded_and_the_sweep_goes_on(make_config):
     config = make_config(**TINY)
     # Six halvings of a 32-pixel image: the model's constructor refuses it when the trial starts.
     widths = "arch.args.widths=[[8,16,32,64,128,256],[8]]"
-    result = run_script("sweep.py", "-c", str(config), "--name", "bad", "--grid", widths)
+    result = run_main("sweep.py", "-c", str(config), "--name", "bad", "--grid", widths)
     assert result.returncode == 1, result.stderr
     assert "trial-000 failed (exit code 2): error: " in result.stdout  # the log's console
     assert "too small for 6 blocks" in result.stdout
@@ -303,7 +303,7 @@ def slurm_array(make_config, tmp_path) -> tuple[Path, dict]:
     write_tool(tools, "scontrol", f'echo "scontrol $*" >> {calls}\n')
     env = {"PATH": f"{tools}:{os.environ['PATH']}"}
     grid = ["--grid", "optimizer.args.lr=[0.01,0.001]", "--parallel", "2"]
-    result = run_script(
+    result = run_main(
         "sweep.py", "-c", str(config), "--name", "array", *grid, "--slurm", "--submit", env=env
     )
     assert result.returncode == 0, result.stderr
@@ -420,7 +420,7 @@ def test_optuna_reports_every_epoch_and_ranks_its_trials(make_config):
         "--choice",
         "arch.args.widths=[[8],[8,16]]",
     ]
-    result = run_script(*command)
+    result = run_main(*command)
     assert result.returncode == 0, result.stderr + result.stdout
     folder = sweep_dir(config, "tpe")
     rows = read_summary(folder)
