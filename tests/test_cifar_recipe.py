@@ -3,7 +3,6 @@ definition: alternating flips, translation with reflect padding (both pipelines)
 augmentation, parameter groups by kind, frozen normalisation scales, the whitening layer; and
 the recipe end to end: trained, resumed bit-exact mid-epoch, tested."""
 
-import importlib.util
 import itertools
 import json
 import signal
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, run_main
 
 import data_loader.data_loaders as data_module
 import train
@@ -223,13 +222,6 @@ def test_whitening_is_fitted_on_training_images_only_and_decorrelates_their_patc
 # --- the recipe end to end -------------------------------------------------------------------------
 
 
-def load_test_script() -> object:
-    spec = importlib.util.spec_from_file_location("test_entry_point", ROOT / "test.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
-
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_the_recipe_resumes_mid_epoch_bit_exact_and_test_py_repeats_its_validation(
@@ -237,13 +229,17 @@ def test_the_recipe_resumes_mid_epoch_bit_exact_and_test_py_repeats_its_validati
 ):
     config = recipe(tmp_path, cifar_dir, type="StopAt", deterministic=True)
     pipe = ["--set", f"data_loader.args.pipeline={json.dumps(pipeline)}"]
-    assert train.main(["-c", str(config), "--run-id", "straight", *pipe]) == 0
+    # run_main, not train.main: one thread (pytest's default, a thread per core, took 4x the
+    # CPU time on 2 busy cores), the CPU only, the output captured.
+    result = run_main("train.py", "-c", str(config), "--run-id", "straight", *pipe)
+    assert result.returncode == 0, result.stderr[-3000:]
     stop = ["--set", "trainer.args.stop_at_step=7"]  # 2 batches into epoch 2
-    assert (
-        train.main(["-c", str(config), "--run-id", "stopped", *pipe, *stop]) == 128 + signal.SIGTERM
-    )
+    result = run_main("train.py", "-c", str(config), "--run-id", "stopped", *pipe, *stop)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
     runs = tmp_path / "saved" / "models" / "Cifar10_FastCifarCNN"
-    assert train.main(["-r", str(runs / "stopped"), "--set", "trainer.args.stop_at_step=0"]) == 0
+    resume = ["-r", str(runs / "stopped"), "--set", "trainer.args.stop_at_step=0"]
+    result = run_main("train.py", *resume)
+    assert result.returncode == 0, result.stderr[-3000:]
     a = torch.load(runs / "straight" / "checkpoint-epoch2.pth", weights_only=True)
     b = torch.load(runs / "stopped" / "checkpoint-epoch2.pth", weights_only=True)
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
@@ -256,9 +252,9 @@ def test_the_recipe_resumes_mid_epoch_bit_exact_and_test_py_repeats_its_validati
     assert torch.equal(first["model"]["whiten.weight"], a["model"]["whiten.weight"])
     # test.py evaluates as validation did, test-time augmentation included.
     results = tmp_path / "results.json"
-    script = load_test_script()
     checkpoint = runs / "straight" / "checkpoint-epoch2.pth"
-    assert script.main(["-r", str(checkpoint), "--split", "val", "--json", str(results)]) == 0
+    result = run_main("test.py", "-r", str(checkpoint), "--split", "val", "--json", str(results))
+    assert result.returncode == 0, result.stderr[-3000:]
     tested = json.loads(results.read_text())["metrics"]
     assert tested["val/accuracy"] == a["metrics"]["val/accuracy"]
     assert tested["val/loss"] == pytest.approx(a["metrics"]["val/loss"], rel=1e-6)

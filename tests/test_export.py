@@ -4,17 +4,23 @@ plain torch, without this repository, for the demo CNN and a torchvision ResNet-
 ONNX runs only where its optional packages (onnx, onnxscript) are installed, and is skipped with
 the reason otherwise. The checkpoints come from a real train.py run (conftest's demo_checkpoint)
 or are written here as train.py writes them.
+
+export.py runs in-process (conftest's run_main) but once: the demo CNN to torch.export, the
+recommended format, is a real `python export.py` process. The docs' loading lines always run in
+a Python of their own, which has torch but not this repository.
 """
 
 import importlib.util
 import json
 import re
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, run_main, run_script
 
 import export
 from build import load_inference_model
@@ -41,10 +47,16 @@ numpy.save("logits.npy", numpy.asarray(logits))
 """
 
 
-def export_file(checkpoint: Path, format_name: str, out: Path) -> tuple[float, float]:
-    """Run export.py; (the parity difference it printed, the largest |logit|)."""
+def export_file(
+    checkpoint: Path,
+    format_name: str,
+    out: Path,
+    run: Callable[..., subprocess.CompletedProcess] = run_main,
+) -> tuple[float, float]:
+    """Run export.py, in-process unless `run` is run_script; (the parity difference it printed,
+    the largest |logit|)."""
     arguments = ["-r", str(checkpoint), "--format", format_name, "--out", str(out)]
-    result = run_script("export.py", *arguments)
+    result = run("export.py", *arguments)
     assert result.returncode == 0, result.stderr[-3000:]
     found = PARITY.search(result.stdout)
     assert found, result.stdout
@@ -67,7 +79,9 @@ def test_demo_cnn_parity_and_the_docs_way_to_load_it(
     demo_checkpoint, tmp_path, format_name, suffix
 ):
     out = tmp_path / f"model{suffix}"
-    difference, scale = export_file(demo_checkpoint, format_name, out)
+    # One real `python export.py` (this file is its end-to-end test): the recommended format.
+    run = run_script if format_name == "export" else run_main
+    difference, scale = export_file(demo_checkpoint, format_name, out, run)
     assert difference <= export.TOLERANCE and scale > 0.1  # logits large enough to compare
     print(f"demo CNN {format_name}: logit difference {difference:.3g}, logits up to {scale:.3g}")
     if format_name == "onnx" and importlib.util.find_spec("onnxruntime") is None:

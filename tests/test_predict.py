@@ -1,8 +1,10 @@
 """predict.py: classes of images from a checkpoint alone, the same as test.py computes, and one
 "error:" line for each bad input. Real images: ../shared/data/cifar10-sample (skipped if absent).
 
-The flows run the real predict.py as a subprocess; the bad-input cases call predict.main
-in-process (fast). The checkpoints come from real train.py runs (conftest's demo_checkpoint).
+One flow runs the real predict.py as a subprocess (folders and globs, as CSV); the others, and
+the train.py and test.py runs they need, call main in-process (conftest's run_main, or
+predict.main for the bad-input cases): a new interpreter spends seconds importing torch. The
+checkpoints come from real train.py runs (conftest's demo_checkpoint).
 """
 
 import csv
@@ -14,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_script, write_shrunk
+from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, run_script, write_shrunk
 from PIL import Image
 
 import predict
@@ -69,6 +71,7 @@ def test_folders_and_globs_in_path_order_as_csv_and_json(demo_checkpoint, tmp_pa
     inputs = [str(images), str(tmp_path / "single.png"), str(tmp_path / "globbed" / "*.png")]
     out = tmp_path / "predictions.csv"
     arguments = ["-r", str(demo_checkpoint), *inputs, "--top-k", "3"]
+    # The one real `python predict.py` (this file is its end-to-end test).
     result = run_script("predict.py", *arguments, "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
@@ -110,7 +113,7 @@ def test_top1_on_real_images_is_the_argmax_test_py_computes(tmp_path):
         "trainer.tensorboard": False,
     }
     config = write_shrunk("configs/demo.json", tmp_path / "c.json", tmp_path / "saved", **overrides)
-    result = run_script("train.py", "-c", str(config), "--run-id", "real")
+    result = run_main("train.py", "-c", str(config), "--run-id", "real")
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = tmp_path / "saved" / "models" / "Demo_CifarCNN" / "real" / "checkpoint-epoch1.pth"
 
@@ -120,7 +123,7 @@ def test_top1_on_real_images_is_the_argmax_test_py_computes(tmp_path):
     alone = edited_checkpoint(checkpoint, tmp_path / "alone.pth", move_data_away)
     out = tmp_path / "val.csv"
     arguments = ["-r", str(alone), str(SAMPLE_DIR / "val"), "--batch-size", "50"]
-    result = run_script("predict.py", *arguments, "--out", str(out))
+    result = run_main("predict.py", *arguments, "--out", str(out))
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 500
@@ -129,8 +132,8 @@ def test_top1_on_real_images_is_the_argmax_test_py_computes(tmp_path):
     class_names = torch.load(checkpoint, weights_only=True)["class_names"]
     assert [row["path"] for row in rows] == paths
     assert [row["label_1"] for row in rows] == [class_names[index] for index in argmax]
-    # And test.py itself, run as users run it: its accuracy is predict.py's top-1 accuracy.
-    result = run_script("test.py", "-r", str(checkpoint), "--json", str(tmp_path / "test.json"))
+    # And test.py itself, from its command line: its accuracy is predict.py's top-1 accuracy.
+    result = run_main("test.py", "-r", str(checkpoint), "--json", str(tmp_path / "test.json"))
     assert result.returncode == 0, result.stderr
     accuracy = json.loads((tmp_path / "test.json").read_text())["metrics"]["test/accuracy"]
     hits = [row["label_1"] == Path(row["path"]).parent.name for row in rows]

@@ -1,6 +1,9 @@
 """The techniques together, end to end through train.py and test.py: a run with every one of
 them on trains, resumes bit-exact from a mid-epoch stop (the weight average included), keeps
-its top-k checkpoints, runs under 2-process torchrun; and the shipped recipes build."""
+its top-k checkpoints, runs under 2-process torchrun; and the shipped recipes build.
+
+The runs call the scripts' main in-process (conftest's run_main), but the one stopped by SIGTERM
+and the torchrun job: those are real processes."""
 
 import json
 import math
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, noise_image_folder, run_script, set_flags, shrink, wait_for_file
+from conftest import ROOT, noise_image_folder, run_main, set_flags, shrink, wait_for_file
 from test_distributed import epoch_lines, run_torchrun
 from test_reliability import assert_same_training_state, start_training
 
@@ -56,7 +59,7 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(config_path: Path) -> dict:
-    result = run_script("train.py", "-c", str(config_path), "--run-id", "reference")
+    result = run_main("train.py", "-c", str(config_path), "--run-id", "reference")
     assert result.returncode == 0, result.stderr
     return {"run_dir": config_path.parent / "saved" / RUN / "reference", "stdout": result.stdout}
 
@@ -102,7 +105,7 @@ def test_test_py_ema_reproduces_the_validation_of_the_averaged_weights(
         output = tmp_path / f"{ema}.json"
         # The recipe monitors val/ema_accuracy: without --weights test.py takes the average.
         flags = ["--ema"] if ema else ["--weights", "trained"]
-        result = run_script(
+        result = run_main(
             "test.py", "-r", str(checkpoint), "--split", "val", "--json", str(output), *flags
         )
         assert result.returncode == 0, result.stderr
@@ -121,7 +124,7 @@ def test_test_py_ema_without_an_average_is_a_one_line_error(
     checkpoint = tmp_path / "plain.pth"
     torch.save(state, checkpoint)
     (tmp_path / "config.json").write_text((reference["run_dir"] / "config.json").read_text())
-    result = run_script("test.py", "-r", str(checkpoint), "--ema")
+    result = run_main("test.py", "-r", str(checkpoint), "--ema")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "holds no averaged weights" in result.stderr
 
@@ -140,7 +143,7 @@ def test_mid_epoch_stop_then_resume_is_bit_exact_with_every_technique(
     saved = sorted_checkpoints(run_dir)[-1]
     assert saved.name.startswith("checkpoint-epoch2-step"), saved
 
-    result = run_script("train.py", "-r", str(saved))
+    result = run_main("train.py", "-r", str(saved))
     assert result.returncode == 0, result.stderr
     ours, theirs = run_dir / "checkpoint-epoch2.pth", reference["run_dir"] / "checkpoint-epoch2.pth"
     assert_same_training_state(theirs, ours)
@@ -192,7 +195,7 @@ def test_imagenet_recipes_train_on_a_tiny_folder(tmp_path: Path, name: str) -> N
         overrides.update(
             {"data_loader.args.eval_image_size": 32, "data_loader.args.eval_resize_size": 36}
         )
-    result = run_script("train.py", "-c", name, "--run-id", "tiny", *set_flags(overrides))
+    result = run_main("train.py", "-c", name, "--run-id", "tiny", *set_flags(overrides))
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "saved" / "models" / config["name"] / "tiny"
     assert load_checkpoint(run_dir / "checkpoint-epoch2.pth")["global_step"] == 2 * 3

@@ -1,4 +1,8 @@
-"""End to end: the real train.py, test.py and new_project.py as subprocesses on shrunk configs."""
+"""End to end: the real train.py, test.py and new_project.py on shrunk configs.
+
+Real processes: the shared run (train.py), test.py on its test split, and new_project.py with
+the copy's own demo and tests. The other runs call main in-process (conftest's run_main): a new
+interpreter spends seconds importing torch before train.py does anything."""
 
 import json
 import re
@@ -6,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, checkpoint_dirs, run_script
+from conftest import ROOT, checkpoint_dirs, run_main, run_script
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
@@ -16,7 +20,8 @@ def logged_epochs(text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One 2-epoch demo run shared by the tests that only read its outputs."""
+    """One 2-epoch demo run shared by the tests that only read its outputs: a real `python
+    train.py` (this file is its end-to-end test)."""
     tmp_path = tmp_path_factory.mktemp("run")
     from conftest import shrink
 
@@ -79,7 +84,7 @@ def test_resume_continues_in_the_same_folder(trained_run: dict, tmp_path: Path) 
     run_dir = save_dir / "models" / "Demo_CifarCNN" / "first"
     # The copied run's config points at the original save_dir: resume writes logs under it,
     # checkpoints beside the checkpoint it resumes from.
-    result = run_script("train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"), "--epochs", "3")
+    result = run_main("train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"), "--epochs", "3")
     assert result.returncode == 0, result.stderr
     assert logged_epochs(result.stdout) == [3]
     assert (run_dir / "checkpoint-epoch3.pth").is_file()
@@ -96,7 +101,7 @@ def test_test_py_reports_the_validation_accuracy_training_saw(
     run_dir = trained_run["save_dir"] / "models" / "Demo_CifarCNN" / "first"
     best = run_dir / "model_best.pth"
     output = tmp_path / "val.json"
-    result = run_script("test.py", "-r", str(best), "--split", "val", "--json", str(output))
+    result = run_main("test.py", "-r", str(best), "--split", "val", "--json", str(output))
     assert result.returncode == 0, result.stderr
     report = json.loads(output.read_text())
     recorded = torch.load(best, weights_only=True)["metrics"]
@@ -105,6 +110,7 @@ def test_test_py_reports_the_validation_accuracy_training_saw(
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
 
     output = tmp_path / "test.json"
+    # A real `python test.py` (this file is its end-to-end test).
     result = run_script("test.py", "-r", str(best), "--json", str(output))
     assert result.returncode == 0, result.stderr
     report = json.loads(output.read_text())
@@ -124,7 +130,7 @@ def test_fine_tune_with_a_new_config_starts_a_new_run_at_epoch_1(
     config = make_config(
         **{"optimizer": {"type": "SGD", "args": {"lr": 1e-9}}, "trainer.epochs": 2}
     )
-    result = run_script("train.py", "-r", str(checkpoint), "-c", str(config), "--run-id", "tuned")
+    result = run_main("train.py", "-r", str(checkpoint), "-c", str(config), "--run-id", "tuned")
     assert result.returncode == 0, result.stderr
     assert "its weights, in a new run from epoch 1" in result.stdout
     assert logged_epochs(result.stdout) == [1, 2]
@@ -148,7 +154,7 @@ def test_fine_tune_with_continue_keeps_the_epoch_count(trained_run: dict, make_c
     config = make_config(
         **{"optimizer": {"type": "SGD", "args": {"lr": 0.01, "momentum": 0.9}}, "trainer.epochs": 3}
     )
-    result = run_script(
+    result = run_main(
         "train.py", "-r", str(run_dir / "checkpoint-epoch2.pth"), "-c", str(config),
         "--continue", "--run-id", "continued",
     )  # fmt: skip
@@ -175,7 +181,7 @@ def test_iteration_based_epochs_and_save_period(make_config) -> None:
             "trainer.monitor": "off",
         }
     )
-    result = run_script("train.py", "-c", str(config), "--run-id", "iters")
+    result = run_main("train.py", "-c", str(config), "--run-id", "iters")
     assert result.returncode == 0, result.stderr
     run_dir = config.parent / "saved" / "models" / "Demo_CifarCNN" / "iters"
     assert sorted(path.name for path in run_dir.glob("*.pth")) == [
