@@ -185,8 +185,8 @@ def run_main(
     script: str, *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """What run_script("<script>.py", *args) returns, from <script>.main(args) called in this
-    process (train, test, predict, export, sweep): its exit code and what it printed, on the CPU
-    with one thread. sweep.py's trials are still processes of their own.
+    process (train, test, predict, export, sweep): its exit code and what it printed, with one
+    thread. sweep.py's trials are still processes of their own.
 
     For tests whose subject is not the process itself (a knob, an output, a resume's result): a
     new interpreter spends 6 to 10 s of a core importing torch and torchvision before train.py
@@ -199,10 +199,10 @@ def run_main(
     environ = dict(os.environ)
     root = logging.getLogger()
     level, handlers = root.level, root.handlers[:]
-    # run_script's environment, which processes the call starts (sweep.py's trials) inherit.
-    os.environ.update(
-        {"OMP_NUM_THREADS": "1", **environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    )
+    # run_script's environment, which processes the call starts (sweep.py's trials) inherit. Not
+    # its CUDA_VISIBLE_DEVICES="": in a process that has used CUDA it hides nothing, in one that
+    # has not it would hide the GPU from every later test. The shrunk configs' n_gpu 0 is the CPU.
+    os.environ.update({"OMP_NUM_THREADS": "1", **environ, **(env or {})})
     try:
         # As in a new process: torch's global settings and the root logger come back as they
         # were (also after a module-scoped fixture's run), warnings are shown again in each run.

@@ -1,5 +1,6 @@
 """K-fold cross-validation end to end: one train.py --folds 3 and one test.py on a fold's
-checkpoint as subprocesses; resuming a fold, a single fold and the summary in-process."""
+checkpoint, resuming a fold, a single fold and the summary. All in-process (train.main, conftest's
+run_main): what is checked is what they write and print, not the process."""
 
 import json
 import shutil
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, shrink
+from conftest import ROOT, run_main, shrink
 
 import data_loader.data_loaders as data_module
 import train
@@ -26,7 +27,7 @@ def cross_validated(tmp_path_factory) -> dict:
     config["trainer"]["tensorboard"] = False
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(config))
-    result = run_script("train.py", "-c", str(config_path), "--folds", "3", "--run-id", "cv")
+    result = run_main("train.py", "-c", str(config_path), "--folds", "3", "--run-id", "cv")
     assert result.returncode == 0, result.stderr[-3000:]
     return {"save_dir": tmp_path / "saved", "config_path": config_path, "stdout": result.stdout}
 
@@ -68,7 +69,7 @@ def test_k_fold_writes_fold_folders_and_a_summary_of_their_best_values(cross_val
 def test_test_py_on_a_fold_checkpoint_evaluates_that_fold(cross_validated, tmp_path):
     fold_dir = cross_validated["save_dir"] / RUN / "cv" / "fold-1"
     output = tmp_path / "val.json"
-    result = run_script(
+    result = run_main(
         "test.py", "-r", str(fold_dir / "model_best.pth"), "--split", "val", "--json", str(output)
     )
     assert result.returncode == 0, result.stderr

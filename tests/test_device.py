@@ -11,7 +11,7 @@ import platform
 
 import pytest
 import torch
-from conftest import ROOT, checkpoint_dirs, run_script, set_flags, shrink
+from conftest import ROOT, checkpoint_dirs, run_main, set_flags, shrink
 from torch.torch_version import TorchVersion
 
 import train
@@ -277,12 +277,15 @@ def test_a_run_built_for_a_device_that_is_not_the_cpu_assumes_no_cuda(demo_parse
 
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_train_py_runs_on_cpu_and_auto_and_refuses_devices_that_are_not_here(
-    make_config, tmp_path, capsys
+    machine, make_config, tmp_path, capsys
 ):
+    # In-process (run_main): a machine without CUDA or MPS, as torch reports it here. A hidden
+    # GPU (CUDA_VISIBLE_DEVICES) stays visible to a process that has already used it.
+    machine(cuda=0, mps=False)
     config = make_config(**{"n_gpu": 1, "trainer.epochs": 1, "trainer.tensorboard": False})
     save_dir = tmp_path / "saved"
     for device in ("cpu", "auto"):
-        result = run_script("train.py", "-c", str(config), "--run-id", device, *set_flags(
+        result = run_main("train.py", "-c", str(config), "--run-id", device, *set_flags(
             {"device": device}
         ))  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
@@ -291,14 +294,14 @@ def test_train_py_runs_on_cpu_and_auto_and_refuses_devices_that_are_not_here(
         )
         assert saved["device"] == device
     assert "No CUDA device available (MPS: none): running on the CPU." in result.stdout  # auto
-    for device in ("mps", "cuda"):  # neither is here (run_script hides any GPU)
-        result = run_script("train.py", "-c", str(config), "--run-id", "refused", *set_flags(
+    for device in ("mps", "cuda"):  # neither is here
+        result = run_main("train.py", "-c", str(config), "--run-id", "refused", *set_flags(
             {"device": device}
         ))  # fmt: skip
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1, result.stderr
         assert lines[0].startswith(f'error: {config}: device: "{device}": no '), lines[0]
-    # -d takes GPU indices: refused before anything else (in process: it touches nothing).
+    # -d takes GPU indices: refused before anything else.
     assert train.main(["-c", str(config), "--run-id", "refused", "-d", "mps"]) == 2
     assert capsys.readouterr().err.startswith("error: -d mps: takes GPU indices")
     assert [path.name for path in checkpoint_dirs(save_dir)] == ["auto", "cpu"]

@@ -1,6 +1,9 @@
 """The two worked examples of "any task": denoising (a model, a loss, a metric, a data loader and
 a config, nothing else) and knowledge distillation (a Trainer subclass with its own training
-step). Each trains through train.py, resumes bit-exact on the CPU and runs under torchrun."""
+step). Each trains through train.py, resumes bit-exact on the CPU and runs under torchrun.
+
+train.py and test.py run in-process (conftest's run_main): what is checked is what they write,
+not the process. torchrun's two processes are real ones."""
 
 import json
 import os
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, run_script, write_shrunk
+from conftest import ROOT, run_main, write_shrunk
 
 import train as train_script
 from build import build_trainer
@@ -41,7 +44,7 @@ def run_dir(config: Path, run_id: str) -> Path:
 
 
 def train(config: Path, run_id: str, *args: str) -> dict:
-    result = run_script("train.py", "-c", str(config), "--run-id", run_id, *args)
+    result = run_main("train.py", "-c", str(config), "--run-id", run_id, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(run_dir(config, run_id) / "checkpoint-epoch2.pth", weights_only=True)
 
@@ -49,10 +52,10 @@ def train(config: Path, run_id: str, *args: str) -> dict:
 def assert_resume_is_bit_exact(config: Path) -> None:
     """Two epochs straight, and one epoch then -r for the second: the same weights, bit for bit."""
     straight = train(config, "straight")
-    one = run_script("train.py", "-c", str(config), "--run-id", "halves", "--epochs", "1")
+    one = run_main("train.py", "-c", str(config), "--run-id", "halves", "--epochs", "1")
     assert one.returncode == 0, one.stderr[-3000:]
     first = run_dir(config, "halves") / "checkpoint-epoch1.pth"
-    resumed = run_script("train.py", "-r", str(first), "--epochs", "2")
+    resumed = run_main("train.py", "-r", str(first), "--epochs", "2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = torch.load(run_dir(config, "halves") / "checkpoint-epoch2.pth", weights_only=True)
     for key, value in straight["model"].items():
@@ -108,7 +111,7 @@ def test_denoising_learns_to_remove_noise(tmp_path):
     # test.py scores the same validation data the same way; no classes, so no per-class table.
     report_path = tmp_path / "report.json"
     best = run_dir(config, "denoise") / "model_best.pth"
-    result = run_script("test.py", "-r", str(best), "--split", "val", "--json", str(report_path))
+    result = run_main("test.py", "-r", str(best), "--split", "val", "--json", str(report_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     recorded = torch.load(best, weights_only=True)["metrics"]

@@ -1,6 +1,9 @@
 """A newcomer's first hour (issue 23): typos and shape mistakes in one line before anything is
 written, metrics that are not per-sample sums (equal to scikit-learn's), a task that is not
-images trained, tested, predicted and exported, progress a pipe can read, fast defaults."""
+images trained, tested, predicted and exported, progress a pipe can read, fast defaults.
+
+The entry scripts run in-process (their main(), or conftest's run_main for what they print):
+what is checked is what they write and print. torchrun and gpu_check.sh are real processes."""
 
 import csv
 import itertools
@@ -12,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_script, shrink
+from conftest import ROOT, run_main, shrink
 from test_distributed import run_torchrun
 from torch.utils.data import TensorDataset
 
@@ -251,10 +254,10 @@ def test_distributed_metrics_equal_scikit_learn_on_the_same_predictions(tmp_path
 def test_the_tabular_example_beats_the_mean_and_predicts_and_exports(tmp_path):
     pytest.importorskip("sklearn")
     config = tabular(tmp_path, trainer={"epochs": 10})
-    assert run_script("train.py", "-c", str(config), "--run-id", "t").returncode == 0
+    assert run_main("train.py", "-c", str(config), "--run-id", "t").returncode == 0
     best = tmp_path / "saved" / "models" / "Diabetes_MLP" / "t" / "model_best.pth"
     report = tmp_path / "test.json"
-    tested = run_script("test.py", "-r", str(best), "--json", str(report))
+    tested = run_main("test.py", "-r", str(best), "--json", str(report))
     assert tested.returncode == 0, tested.stderr
     results = json.loads(report.read_text())["metrics"]
     # The mean predictor's R² on held-out rows is about 0 (its RMSE the targets' spread).
@@ -268,7 +271,7 @@ def test_the_tabular_example_beats_the_mean_and_predicts_and_exports(tmp_path):
         writer.writerow(["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"])
         writer.writerows(rows.tolist())
     out = tmp_path / "predictions.csv"
-    predicted = run_script("predict.py", "-r", str(best), str(sheet), "--out", str(out))
+    predicted = run_main("predict.py", "-r", str(best), str(sheet), "--out", str(out))
     assert predicted.returncode == 0, predicted.stderr
     from build import load_inference_model
 
@@ -277,7 +280,7 @@ def test_the_tabular_example_beats_the_mean_and_predicts_and_exports(tmp_path):
         expected = model(rows).reshape(-1).tolist()
     written = [float(line.split(",")[1]) for line in out.read_text().splitlines()[1:]]
     assert written == pytest.approx(expected, rel=1e-5)
-    exported = run_script("export.py", "-r", str(best), "--out", str(tmp_path / "tabular.pt2"))
+    exported = run_main("export.py", "-r", str(best), "--out", str(tmp_path / "tabular.pt2"))
     assert exported.returncode == 0, exported.stderr
     assert "inputs (10,)" in exported.stdout
 
@@ -288,9 +291,7 @@ def test_predict_and_export_refuse_data_that_says_nothing_of_its_inputs_in_one_l
     config = json.loads((ROOT / "configs/denoise.json").read_text())
     model = DenoisingCNN(**config["arch"]["args"])
     torch.save({"model": model.state_dict(), "config": config, "epoch": 1}, tmp_path / "d.pth")
-    result = run_script(
-        "export.py", "-r", str(tmp_path / "d.pth"), "--out", str(tmp_path / "x.pt2")
-    )
+    result = run_main("export.py", "-r", str(tmp_path / "d.pth"), "--out", str(tmp_path / "x.pt2"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "read_inputs(path, args) and example_inputs(args, model, batch_size)" in result.stderr
 
@@ -301,7 +302,7 @@ def test_predict_and_export_refuse_data_that_says_nothing_of_its_inputs_in_one_l
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_without_a_terminal_progress_comes_as_short_lines(tmp_path):
     config = demo(tmp_path, trainer={"progress_seconds": 0, "log_step": 2, "epochs": 1})
-    result = run_script("train.py", "-c", str(config), "--run-id", "piped")
+    result = run_main("train.py", "-c", str(config), "--run-id", "piped")
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if "  batch " in line]
     assert lines and lines[0].startswith("epoch 1/1  batch 2/8  loss ")
@@ -318,7 +319,7 @@ def test_without_a_terminal_progress_comes_as_short_lines(tmp_path):
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_the_demo_schedule_follows_epochs(tmp_path):
     config = demo(tmp_path, trainer={"epochs": 5, "tensorboard": False})
-    result = run_script("train.py", "-c", str(config), "--run-id", "five")
+    result = run_main("train.py", "-c", str(config), "--run-id", "five")
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "saved" / RUN / "five"
     rates = [torch.load(run_dir / f"checkpoint-epoch{e}.pth", weights_only=True)["metrics"]["lr"]
@@ -357,12 +358,12 @@ def test_workers_persist_by_default_and_a_mid_epoch_resume_with_them_is_exact(st
 def test_regression_runs_say_no_classes_refuse_a_confusion_image_early_and_cross_validate(tmp_path):
     pytest.importorskip("sklearn")
     config = tabular(tmp_path)
-    result = run_script("train.py", "-c", str(config), "--run-id", "r", "--folds", "3")
+    result = run_main("train.py", "-c", str(config), "--run-id", "r", "--folds", "3")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "validation samples, no classes;" in result.stdout
     assert "Cross-validation over 3 folds" in result.stdout
     best = tmp_path / "saved" / "models" / "Diabetes_MLP" / "r" / "fold-0" / "model_best.pth"
-    refused = run_script("test.py", "-r", str(best), "--confusion-png", str(tmp_path / "c.png"))
+    refused = run_main("test.py", "-r", str(best), "--confusion-png", str(tmp_path / "c.png"))
     assert refused.returncode == 2 and "the data has no classes" in refused.stderr
     assert " samples, " not in refused.stdout  # refused before the evaluation
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_script, set_flags
+from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags
 from torch import nn
 
 import train
@@ -227,7 +227,8 @@ def test_finetune_config_on_real_images(resnet18_file, tmp_path):
         "trainer.tensorboard": False,
     }
     sets = set_flags(overrides)
-    result = run_script("train.py", "-c", "configs/finetune.json", "--run-id", "ft", *sets)
+    # In-process (run_main): what is checked is the checkpoint, not the process.
+    result = run_main("train.py", "-c", "configs/finetune.json", "--run-id", "ft", *sets)
     assert result.returncode == 0, result.stderr[-3000:]
     state = torch.load(
         tmp_path / "saved" / "models" / "Finetune_ResNet18" / "ft" / "checkpoint-epoch1.pth",
