@@ -1,4 +1,5 @@
-"""Shared fixtures: shrink the shipped configs and run the real entry points as subprocesses."""
+"""Shared fixtures: shrink the shipped configs and run the real entry points, as subprocesses
+(run_script) or in this process (run_main)."""
 
 import contextlib
 import importlib.util

@@ -229,8 +229,7 @@ def test_the_recipe_resumes_mid_epoch_bit_exact_and_test_py_repeats_its_validati
 ):
     config = recipe(tmp_path, cifar_dir, type="StopAt", deterministic=True)
     pipe = ["--set", f"data_loader.args.pipeline={json.dumps(pipeline)}"]
-    # run_main, not train.main: one thread (pytest's default, a thread per core, took 4x the
-    # CPU time on 2 busy cores), the CPU only, the output captured.
+    # run_main: the output captured, for the failure message.
     result = run_main("train.py", "-c", str(config), "--run-id", "straight", *pipe)
     assert result.returncode == 0, result.stderr[-3000:]
     stop = ["--set", "trainer.args.stop_at_step=7"]  # 2 batches into epoch 2

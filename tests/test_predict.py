@@ -8,7 +8,6 @@ checkpoints come from real train.py runs (conftest's demo_checkpoint).
 """
 
 import csv
-import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, run_script, write_shrunk
+from conftest import ENTRY_POINTS, NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, run_script, write_shrunk
 from PIL import Image
 
 import predict
@@ -144,9 +143,7 @@ def test_top1_on_real_images_is_the_argmax_test_py_computes(tmp_path):
 def argmax_of_test_py(checkpoint: Path) -> tuple[list[str], list[int]]:
     """(paths, argmax of the logits) of test.py's test split, in its order, computed as
     test.py computes it: its trainer, its evaluate loop."""
-    spec = importlib.util.spec_from_file_location("test_entry_point", ROOT / "test.py")
-    test_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(test_script)
+    test_script = ENTRY_POINTS["test"]
     from build import build_trainer
     from parse_config import ConfigParser
     from utils.distributed.process_group import ProcessInfo
