@@ -21,6 +21,7 @@ import torch
 import torchvision
 from torch import nn
 from torch.nn import functional
+from torchvision.io import ImageReadMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,11 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_images(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, 3, 32, 32) uint8 images and (N,) labels of folder/<class>/*.jpg, classes sorted."""
+    """(N, 3, 32, 32) uint8 images and (N,) labels of folder/<class>/*.jpg or *.png (e.g. the
+    copy benchmarks/reencode_jpeg.py writes), classes sorted."""
     images, labels = [], []
     for label, class_folder in enumerate(sorted(p for p in folder.iterdir() if p.is_dir())):
-        for path in sorted(class_folder.glob("*.jpg")):
-            images.append(torchvision.io.decode_jpeg(torchvision.io.read_file(str(path))))
+        for path in sorted(p for p in class_folder.iterdir() if p.suffix in {".jpg", ".png"}):
+            images.append(torchvision.io.decode_image(str(path), mode=ImageReadMode.RGB))
             labels.append(label)
     return torch.stack(images), torch.tensor(labels)
 

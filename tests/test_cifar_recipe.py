@@ -257,3 +257,39 @@ def test_the_recipe_resumes_mid_epoch_bit_exact_and_test_py_repeats_its_validati
     tested = json.loads(results.read_text())["metrics"]
     assert tested["val/accuracy"] == a["metrics"]["val/accuracy"]
     assert tested["val/loss"] == pytest.approx(a["metrics"]["val/loss"], rel=1e-6)
+
+
+# --- benchmarks/reencode_jpeg.py: the cost of a JPEG pass (docs/recipes.md) ---------------------
+
+
+def test_reencoding_copies_the_tree_as_png_with_one_more_lossy_pass_on_a_moved_grid(tmp_path):
+    from PIL import Image
+
+    from benchmarks import reencode_jpeg
+
+    rng = np.random.default_rng(0)
+
+    def picture() -> np.ndarray:  # (32, 32, 3) uint8: 8x8 random colours, smoothed, some noise
+        small = torch.randint(0, 256, (1, 3, 8, 8), generator=torch.Generator().manual_seed(0))
+        big = torch.nn.functional.interpolate(small.float(), size=32, mode="bilinear")
+        pixels = big[0].permute(1, 2, 0).numpy() + rng.normal(0, 6, (32, 32, 3))
+        return np.clip(pixels, 0, 255).astype(np.uint8)
+
+    for name in ("cat/0.jpg", "cat/1.png", "dog/0.jpg"):
+        (tmp_path / "in" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(picture()).save(tmp_path / "in" / name, quality=95)
+    assert reencode_jpeg.main([str(tmp_path / "in"), str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    assert written == ["cat", "cat/0.png", "cat/1.png", "dog", "dog/0.png"]
+    before = np.asarray(Image.open(tmp_path / "in" / "cat" / "0.jpg").convert("RGB"))
+    after = np.asarray(Image.open(out / "cat" / "0.png"))
+    assert after.shape == before.shape
+    assert 20 < reencode_jpeg.psnr(before, after) < 40  # lossy, and still the same picture
+    # On the image's own grid a second pass at the same quality loses little; on a moved grid
+    # it loses about as much as the first pass did: that is why the grid moves.
+    once = reencode_jpeg.reencode(picture(), quality=75, shift=0)
+    same_grid = reencode_jpeg.psnr(once, reencode_jpeg.reencode(once, quality=75, shift=0))
+    moved_grid = reencode_jpeg.psnr(once, reencode_jpeg.reencode(once, quality=75, shift=5))
+    assert same_grid > moved_grid + 5
+    assert reencode_jpeg.main([str(tmp_path / "empty"), str(tmp_path / "x")]) == 2
