@@ -36,7 +36,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as `python benchmarks/fsdp_memory.py`: import the project
 
 from model.model import TorchvisionModel  # noqa: E402
-from utils.distributed.process_group import data_parallel  # noqa: E402
+from utils.distributed.process_group import (  # noqa: E402
+    data_parallel,
+    process_group,
+    process_info,
+)
 from utils.distributed.sharding import check_fsdp_backend, shard_model  # noqa: E402
 
 NUM_PROCESSES = 2
@@ -188,8 +192,9 @@ def worker(args: argparse.Namespace) -> None:
     """One rank: measure DDP, then FSDP; rank 0 gathers both ranks' results and prints them."""
     check_fsdp_backend("gloo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    try:
+    # Left as train.py leaves it: the models measure() built, reference cycles that hold the
+    # group, are collected before the group is destroyed (see tests/fsdp_gradients.py).
+    with process_group(process_info(), "gloo", torch.device("cpu")):
         rank = dist.get_rank()
         generator = torch.Generator().manual_seed(args.seed + rank)  # each rank its own batch
         images = torch.randn(args.batch_size, 3, 224, 224, generator=generator)  # (B, C, H, W)
@@ -202,8 +207,6 @@ def worker(args: argparse.Namespace) -> None:
         dist.gather_object(result, results, dst=0)
         if rank == 0:
             print_report(args, results)
-    finally:
-        dist.destroy_process_group()
 
 
 def main() -> None:
