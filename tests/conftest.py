@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from cifar_archive import archive_files, md5_attributes
+from hypothesis import settings
 from torchvision.datasets import CIFAR10
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +82,18 @@ def torch_state_kept() -> Iterator[None]:
             # newer fp32_precision settings were written, and the other way round.
             if hasattr(owner, name) and name in flags and getattr(owner, name) != flags[name]:
                 setattr(owner, name, flags[name])
+
+
+# Property tests (hypothesis) search a bounded number of inputs in the fast run and more under
+# -m slow: parametrize with NUM_EXAMPLES and apply settings(max_examples=num_examples) to the
+# @given function inside the test. No deadline: these machines are noisy, and time is not what
+# a property checks.
+NUM_EXAMPLES = [
+    pytest.param(25, id="25-examples"),
+    pytest.param(400, id="400-examples", marks=pytest.mark.slow),
+]
+settings.register_profile("template", deadline=None, print_blob=True)
+settings.load_profile("template")
 
 
 # One thread per pytest process, as run_script gives each process it starts: `-n auto` runs a
