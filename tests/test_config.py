@@ -353,14 +353,74 @@ def test_set_can_fill_a_defaulted_key(make_config):
     assert parser["trainer"]["early_stop"] == 3
 
 
+def optional_keys(schema: type | None = None, prefix: str = "") -> list[str]:
+    """Every key config_schema.py declares as optional with nothing filled in (OPTIONAL)."""
+    import dataclasses
+
+    from config_schema import OPTIONAL, Config
+    from utils.config.load_config import _nested_schema
+
+    found = []
+    for item in dataclasses.fields(schema or Config):
+        if item.metadata.get("default") is OPTIONAL:
+            found.append(prefix + item.name)
+        nested = _nested_schema(item)
+        if nested is not None:
+            found += optional_keys(nested, f"{prefix}{item.name}.")
+    return found
+
+
+@pytest.mark.parametrize("dotted", optional_keys())
+def test_set_reaches_every_documented_key_the_file_leaves_out(demo_config, dotted):
+    """A key the docs list is settable with --set whether or not the file has it (arch.freeze
+    and optimizer.param_groups were refused as unknown when the file left them out)."""
+    from utils.config.load_config import apply_override, with_defaults
+
+    *parents, last = dotted.split(".")
+    config = with_defaults(demo_config)
+    section = functools.reduce(dict.__getitem__, parents, config)
+    section.pop(last, None)
+    apply_override(config, dotted.split("."), "value", "--set")  # no "unknown key"
+    assert section[last] == "value"
+
+
+def test_set_freeze_and_param_groups_take_effect_when_the_file_leaves_them_out(make_config):
+    from build import freeze
+    from model.model import CifarCNN
+    from utils.optim.optimizer import build_optimizer
+
+    groups = [{"params": ["head"], "lr": 0.5}]
+    parser = ConfigParser.from_args(
+        namespace(
+            config=str(make_config()),
+            set=['arch.freeze=["features.0"]', f"optimizer.param_groups={json.dumps(groups)}"],
+        )
+    )
+    model = CifarCNN(**parser["arch"]["args"])
+    freeze(parser, model)
+    optimizer = build_optimizer(parser, model, torch.device("cpu"))
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
+    assert frozen == {"features.0.0.weight", "features.0.1.weight", "features.0.1.bias"}
+    rates = {
+        id(param): group["lr"] for group in optimizer.param_groups for param in group["params"]
+    }
+    assert rates[id(model.head.weight)] == 0.5
+    assert rates[id(model.features[1][0].weight)] == parser["optimizer"]["args"]["lr"]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
+        (
+            "arch.freeze.0=head",
+            "--set arch.freeze.0=head: arch.freeze: not in the config; set it whole",
+        ),
         ("trainer.epoch=3", "--set trainer.epoch=3: trainer.epoch: unknown key (known here: "),
         ("foo=1", "--set foo=1: foo: unknown key (known here: arch, batch_mixing, data_loader, "),
         (
             "arch.kind=x",
-            "--set arch.kind=x: arch.kind: unknown key (known here: args, freeze_norm_scale, type)",
+            "--set arch.kind=x: arch.kind: unknown key (known here: args, freeze, freeze_norm_scale, "
+            "type)",
         ),
         # Only the last key may be new, and only inside args.
         ("arch.args.depth.x=1", "--set arch.args.depth.x=1: arch.args.depth: unknown key"),

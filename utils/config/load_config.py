@@ -70,8 +70,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_override(config: dict, keys: list[str], value: Any, source: str) -> None:
-    """Set config[k1][k2]... = value. The path must exist, except a new key inside an `args` dict."""
-    node = config
+    """Set config[k1][k2]... = value. The path must exist or be declared in config_schema.py (an
+    optional key the file leaves out, e.g. arch.freeze), except a new key inside an `args` dict."""
+    node, schema = config, Config
     for depth, key in enumerate(keys):
         where = ".".join(keys[: depth + 1])
         is_last = depth == len(keys) - 1
@@ -87,13 +88,22 @@ def apply_override(config: dict, keys: list[str], value: Any, source: str) -> No
             raise ConfigError(f"{source}: {where}: {'.'.join(keys[:depth])} is not a section")
         # A new key inside `args` becomes a new keyword argument; anywhere else it is a typo.
         new_argument = is_last and depth > 0 and keys[depth - 1] == "args"
-        if key not in node and not new_argument:
-            known = ", ".join(sorted(node)) or "nothing"
+        declared = _declared_fields(schema)
+        if key not in node and key in declared and not is_last:
+            raise ConfigError(f"{source}: {where}: not in the config; set it whole ({where}=...)")
+        if key not in node and not new_argument and not (is_last and key in declared):
+            known = ", ".join(sorted(set(node) | set(declared))) or "nothing"
             raise ConfigError(f"{source}: {where}: unknown key (known here: {known})")
+        schema = _nested_schema(declared[key]) if key in declared else None
         if is_last:
             node[key] = value
         else:
             node = node[key]
+
+
+def _declared_fields(schema: type | None) -> dict[str, dataclasses.Field]:
+    """The keys config_schema.py declares for a section (none for `args` and lists)."""
+    return {item.name: item for item in dataclasses.fields(schema)} if schema else {}
 
 
 def _nested_schema(item: dataclasses.Field) -> type | None:
