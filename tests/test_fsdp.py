@@ -236,8 +236,11 @@ def test_fsdp_trains_to_ddps_weights_and_test_py_repeats_its_validation(
     fsdp = straight / "checkpoint-epoch2.pth"
     assert load_checkpoint(fsdp)["model"] is None and load_checkpoint(fsdp)["sharded"]
     reference, sharded = trained_weights(ddp), trained_weights(fsdp)
+    # DDP all-reduces whole gradients, FSDP reduce-scatters shards: the sums run in another
+    # order, and ten steps later single weights differ by up to ~1.4e-5 (seen in CI on a bias
+    # near 3e-3). A wrong update (a missed shard, a doubled mean) moves them by 1e-3 or more.
     for name, value in reference.items():
-        torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-4)
     # One process, no process group: the distributed validation again, every sample once.
     output = tmp_path / "test.json"
     result = run_main("test.py", "-r", str(fsdp), "--split", "val", "--json", str(output))
