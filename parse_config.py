@@ -148,6 +148,12 @@ class ConfigParser:
             # A fold's checkpoints lie in <run folder>/fold-<i>/: its run is the folder above.
             parser.run_dir = run_dir.parent
             parser.run_id = getattr(args, "run_id", None) or run_dir.parent.name
+        if parser.run_dir is not None and parser.run_id != parser.run_dir.name:
+            # Its checkpoints would go on in run_dir, its logs into another run's log folder.
+            raise ConfigError(
+                f"--run-id {parser.run_id}: -r continues the run {parser.run_dir.name} "
+                f"({parser.run_dir}); drop --run-id, or fine-tune into a new run with -c CONFIG"
+            )
         return parser
 
     @property

@@ -164,6 +164,13 @@ def checkpoint_order(path: Path) -> tuple[int, float] | None:
     return int(match.group(1)), int(step) if step else float("inf")
 
 
+def state_order(state: dict) -> tuple[int, float]:
+    """(epoch, step) of a checkpoint read from its contents, as checkpoint_order reads its name:
+    for model_best.pth and renamed copies."""
+    inside = bool((state.get("position") or {}).get("batches") or state.get("resume_batch"))
+    return (state["epoch"] + 1, state["global_step"]) if inside else (state["epoch"], float("inf"))
+
+
 def sorted_checkpoints(checkpoint_dir: Path) -> list[Path]:
     """Periodic and mid-epoch checkpoints, oldest first (model_best.pth is not among them)."""
     found = [(checkpoint_order(path), path) for path in checkpoint_dir.glob("checkpoint-*.pth")]

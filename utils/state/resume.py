@@ -44,19 +44,19 @@ def restore(trainer: "BaseTrainer", point: ResumePoint) -> None:
         load_model_state(trainer.ema.module, state, path)
     if trainer.lookahead is not None:  # the slow weights start from the loaded ones
         trainer.lookahead.restart(unwrap_model(trainer.model))
-    if config.fine_tune and not config.continue_run:
+    if point.fine_tune and not config.continue_run:
         logger.info(
             "Fine-tuning from %s (epoch %d): its weights, in a new run from epoch 1.",
             path,
             state["epoch"],
         )
         return
-    if not config.fine_tune:  # the same run: it must train on the same data
+    if not point.fine_tune:  # the same run: it must train on the same data
         check_data(trainer, state, path)
     saved = state["config"]
     trainer.state.load_state_dict(state)
     trainer.state.timeline = point.timeline
-    trainer.state.parent = path.name if not config.fine_tune else None
+    trainer.state.parent = path.name if not point.fine_tune else None
     place_in_epoch(trainer, state, path)
     restored = restore_optimizer(trainer, state, saved, path)
     restore_schedule(trainer, state, saved, hyperparameters_restored=restored)
@@ -66,14 +66,14 @@ def restore(trainer: "BaseTrainer", point: ResumePoint) -> None:
         trainer.lookahead.load_state_dict(state["lookahead"])
     if state.get("grad_scaler") and trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(state["grad_scaler"])
-    if config.fine_tune:
+    if point.fine_tune:
         # A new run (perhaps on other validation data, e.g. a cross-validation fold): its
         # model_best.pth must be the best of this run, not measured against the old one.
         logger.info("Fine-tuning into a new run: the best monitored value starts afresh.")
     elif not trainer.monitor.load_state_dict(state["monitor"]):
         logger.warning("The monitored metric changed: the best value starts afresh.")
     # The same run and timeline: its W&B and MLflow runs too. Another timeline starts new ones.
-    if not config.fine_tune and not point.new_timeline:
+    if not point.fine_tune and not point.new_timeline:
         trainer.resumed_logger_runs = dict(state.get("logger_runs") or {})
     if trainer.state.inside_epoch:
         trainer.state.rng = own_rng_state(trainer, state["rng"])

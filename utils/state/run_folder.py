@@ -54,6 +54,12 @@ def is_restartable(run_dir: Path) -> bool:
     return names == ["config.json"]
 
 
+def exists(run_dir: Path) -> bool:
+    """A run folder that holds a run. One that holds only its config.json stopped before its
+    first checkpoint: a new run may start there again."""
+    return run_dir.is_dir() and any(run_dir.iterdir()) and not is_restartable(run_dir)
+
+
 def find_resume_point(config: "ConfigParser") -> ResumePoint:
     """Where the run starts (reads only; rank 0): the checkpoint -r names, or the newest that
     loads of a run folder's timeline (-r RUN_FOLDER, trainer.auto_resume, an elastic restart),
@@ -61,15 +67,26 @@ def find_resume_point(config: "ConfigParser") -> ResumePoint:
     logger = logging.getLogger("train")
     run_dir, resume = config.checkpoint_dir, config.resume
     same_run = not config.fine_tune
-    if resume is not None and not resume.is_dir():
-        return from_file(resume, same_run=same_run)
     # An elastic restart is by definition the same run.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if config.fine_tune and exists(run_dir):
+        # The new run's folder holds a run already (--run-id, a fixed --rdzv-id): its own
+        # earlier attempt when it is restarted or auto-resumed, else another run, never touched.
+        if not (restarted or config["trainer"]["auto_resume"]):
+            raise UserError(
+                f"{run_dir}: this run already exists; fine-tune into another --run-id (or "
+                "set trainer.auto_resume to continue this one)"
+            )
+        point = choose(run_dir, logger)
+        if point is not None:  # the fine-tune's own run: continued as any run is
+            return point
+    if resume is not None and not resume.is_dir():
+        return from_file(resume, same_run=same_run)
     if resume is not None or config["trainer"]["auto_resume"] or restarted:
         folder = resume if resume is not None else run_dir
         point = choose(folder, logger) if folder.is_dir() else None
         if point is not None and not same_run:  # fine-tuning from it: a new run
-            return ResumePoint(point.path, new_timeline_id(), new_timeline=True)
+            return ResumePoint(point.path, new_timeline_id(), new_timeline=True, fine_tune=True)
         if point is not None:
             return point
         if resume is not None and not (same_run and is_restartable(folder)):
@@ -79,8 +96,7 @@ def find_resume_point(config: "ConfigParser") -> ResumePoint:
                     "its own config.json"
                 )
             raise UserError(f"{folder}: no checkpoint-epoch*.pth in this run folder")
-    # A folder that holds only config.json stopped before its first checkpoint: start it again.
-    elif run_dir.is_dir() and any(run_dir.iterdir()) and not is_restartable(run_dir):
+    elif exists(run_dir):
         raise UserError(
             f"{run_dir}: this run already exists; resume it with -r {run_dir}, set "
             "trainer.auto_resume, or choose another --run-id"
@@ -99,7 +115,7 @@ def prepare_run_folder(config: "ConfigParser", point: ResumePoint) -> None:
         if removed:
             names = ", ".join(path.name for path in removed)
             logger.info("Removed %d file(s) left by saves cut short: %s", len(removed), names)
-        if not config.fine_tune:
+        if not point.fine_tune:
             set_aside(config.checkpoint_dir, point, logger)
             # A kill between a save and its deletions left one checkpoint too many.
             drop_oldest(config.checkpoint_dir, config["trainer"]["keep_last"])

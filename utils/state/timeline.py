@@ -22,6 +22,7 @@ from utils.state.checkpoint import (
     load_checkpoint,
     read_latest,
     sorted_checkpoints,
+    state_order,
     write_atomic,
     write_latest,
 )
@@ -46,6 +47,8 @@ class ResumePoint:
     # Checkpoints after `path` (a timeline left behind, unreadable ones): moved to abandoned/
     # once the resume is accepted.
     set_aside: tuple[Path, ...] = ()
+    # Another run's checkpoint (-r CKPT -c CONFIG): a new run starts from its weights.
+    fine_tune: bool = False
 
 
 def timeline_of(state: dict) -> str | None:
@@ -103,8 +106,9 @@ def from_file(path: Path, *, same_run: bool) -> ResumePoint:
     check_shards(state, path)
     own = timeline_of(state)
     if not same_run:  # fine-tuning: a new run, its folder is not touched
-        return ResumePoint(path, new_timeline_id(), new_timeline=True)
-    order = checkpoint_order(path)
+        return ResumePoint(path, new_timeline_id(), new_timeline=True, fine_tune=True)
+    # model_best.pth, or a checkpoint renamed: its place in the run is what it holds.
+    order = checkpoint_order(path) or state_order(state)
     later = [other for other in sorted_checkpoints(path.parent) if checkpoint_order(other) > order]
     head, _ = read_latest(path.parent)
     replaced = (head is not None and head != path) or any(
