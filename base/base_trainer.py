@@ -187,6 +187,8 @@ class BaseTrainer(abc.ABC):
             path = save_inside_epoch(self, epoch, stop)  # the next run goes on from there
             raise Interrupted(self.stop.signum or signal.SIGTERM, path) from None
         train_seconds = stopwatch.stop()
+        if epoch == self.epochs and self.lookahead is not None:  # also after a changed geometry
+            self.lookahead.finish(unwrap_model(self.model))
         metrics.update(self.validate())
         metrics["time/epoch_seconds"] = time.perf_counter() - start
         metrics["time/train_samples_per_second"] = metrics.pop("train/num_samples") / train_seconds
@@ -227,11 +229,8 @@ class BaseTrainer(abc.ABC):
         # Where a mid-epoch checkpoint left off (else the epoch's start), in this run's batches;
         # the sums it saved are those of all ranks, which rank 0 adds back.
         begin = epoch_start(self)
-        first_batch, last_step, skip_samples = (
-            begin.first_batch,
-            begin.last_step,
-            begin.skip_samples,
-        )
+        first_batch, last_step = begin.first_batch, begin.last_step
+        skip_samples = begin.skip_samples
         sums = MetricSums(self.metric_fns, self.device, begin.sums if self.rank == 0 else None)
         progress = Progress(self, epoch, first_batch, last_step)  # a bar, or lines for a pipe
         data_wait, stop_signum = DataWait(), 0
@@ -285,7 +284,7 @@ class BaseTrainer(abc.ABC):
         if self.step_per_batch:
             self.lr_scheduler.step()
         self.state.global_step += 1
-        step, model = self.state.global_step, unwrap_model(self.model)
+        step, model = self.state.global_step - self.state.step_offset, unwrap_model(self.model)
         if self.ema is not None:  # every ema_period steps
             update_if_due(self.ema, model, step, self.options, self.warmup_steps)
         if self.lookahead is not None:  # every lookahead_period steps

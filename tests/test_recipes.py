@@ -82,6 +82,33 @@ def test_a_run_with_every_technique_validates_both_weights(reference: dict) -> N
     assert metrics["lr"] == pytest.approx(0.025 * (1 + math.cos(math.pi * 30 / 90)) / 2)
 
 
+def test_a_resume_in_another_batch_geometry_counts_ema_and_lookahead_in_its_steps(
+    reference: dict, tmp_path: Path
+) -> None:
+    """Issue 31, item 6: epoch 1 in 60 steps of 32 samples, then epoch 2 in the 16 steps of an
+    epoch of 16-sample batches (len_epoch off). EMA and Lookahead count the steps done in the
+    new batches (16 after epoch 1, 32 at the end), as the schedule does, not the global step
+    (60 + 16): the run ends on the slow weights, and the count carries over later resumes."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("checkpoint-epoch1.pth", "config.json"):
+        (run_dir / name).write_bytes((reference["run_dir"] / name).read_bytes())
+    resized = ["--bs", "16", "--set", "trainer.len_epoch=null"]
+    result = run_main("train.py", "-r", str(run_dir / "checkpoint-epoch1.pth"), *resized)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = load_checkpoint(run_dir / "checkpoint-epoch2.pth")
+    assert state["global_step"] == 60 + 16
+    for key, slow in state["lookahead"].items():
+        assert torch.equal(state["model"][key], slow), key
+    assert state["global_step"] - state["step_offset"] == 2 * 16
+    result = run_main("train.py", "-r", str(run_dir), "--epochs", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = load_checkpoint(run_dir / "checkpoint-epoch3.pth")
+    assert state["global_step"] - state["step_offset"] == 3 * 16
+    for key, slow in state["lookahead"].items():
+        assert torch.equal(state["model"][key], slow), key
+
+
 def test_top_k_checkpoints_are_the_best_epochs(reference: dict) -> None:
     run_dir = reference["run_dir"]
     values = {

@@ -151,11 +151,14 @@ def restore_schedule(
 
 def schedule_position(trainer: "BaseTrainer") -> int:
     """How many times the schedule has stepped at the resume point, in this run's units: epochs
-    done, or optimizer steps (epochs done x steps per epoch + the steps of the samples done
-    inside the epoch, rounded down)."""
+    done, or optimizer steps."""
+    return steps_done(trainer) if trainer.step_per_batch else trainer.state.epoch
+
+
+def steps_done(trainer: "BaseTrainer") -> int:
+    """Optimizer steps at the resume point counted in this run's batches: epochs done x steps
+    per epoch + the steps of the samples done inside the epoch, rounded down."""
     position = trainer.state
-    if not trainer.step_per_batch:
-        return position.epoch
     if position.regrouped:  # another batch geometry: the steps of the samples done
         inside = math.floor(position.samples / trainer.geometry["global_batch"])
     else:

@@ -9,7 +9,7 @@ from utils.data.batches import remaining_batches
 from utils.data.sampler import EpochSampler
 from utils.distributed.process_group import world_size
 from utils.state.checkpoint import load_checkpoint
-from utils.state.optimizer_state import restore_optimizer, restore_schedule
+from utils.state.optimizer_state import restore_optimizer, restore_schedule, steps_done
 from utils.state.sharded import load_model_state
 from utils.state.timeline import ResumePoint
 from utils.util import UserError, derive_seed, seed_everything, set_rng_state, unwrap_model
@@ -58,6 +58,8 @@ def restore(trainer: "BaseTrainer", point: ResumePoint) -> None:
     trainer.state.timeline = point.timeline
     trainer.state.parent = path.name if not point.fine_tune else None
     place_in_epoch(trainer, state, path)
+    if state.get("geometry") not in (None, trainer.geometry):
+        trainer.state.step_offset = trainer.state.global_step - steps_done(trainer)
     restored = restore_optimizer(trainer, state, saved, path)
     restore_schedule(trainer, state, saved, hyperparameters_restored=restored)
     if trainer.ema is not None and state.get("ema"):

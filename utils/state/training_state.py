@@ -50,6 +50,9 @@ class TrainingState:
     batches: int = 0
     epoch_sums: dict[str, torch.Tensor] | None = None
     epoch_lr: float | None = None  # the learning rate the epoch started with (its "lr" metric)
+    # global_step less the steps done in this run's batches: not 0 once a resume changed the
+    # batch geometry (EMA and Lookahead count steps of one geometry, as the schedule does).
+    step_offset: int = 0
     timeline: str = ""  # the id of the run's timeline (utils/state/timeline.py)
     parent: str | None = None  # the checkpoint the next one continues (its file name)
     # Not saved, set by a resume: this rank's RNG state to restore at the resume point, and
@@ -63,6 +66,7 @@ class TrainingState:
             "global_step": self.global_step,
             "num_skipped_steps": self.num_skipped_steps,
             "position": {"samples": self.samples, "batches": self.batches, "lr": self.epoch_lr},
+            "step_offset": self.step_offset,
             "epoch_sums": self.epoch_sums,
             "timeline": {"id": self.timeline, "parent": self.parent},
         }
@@ -76,7 +80,7 @@ class TrainingState:
             "batches": state.get("resume_batch", 0),
         }
         self.samples, self.batches = position["samples"], position["batches"]
-        self.epoch_lr = position.get("lr")
+        self.epoch_lr, self.step_offset = position.get("lr"), state.get("step_offset", 0)
         self.epoch_sums = state.get("epoch_sums")
         if self.epoch_sums is None and state.get("resume_totals") is not None:
             totals = state["resume_totals"]
