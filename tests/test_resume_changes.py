@@ -425,3 +425,16 @@ def test_tools_load_the_weights_the_monitor_chose(stop_at, tmp_path):
     )
     trained = run_main("test.py", "-r", str(best), "--split", "val", "--weights", "trained")
     assert "the trained weights" in trained.stdout
+
+
+def test_a_resume_in_another_batch_geometry_at_an_epoch_boundary_says_so(stop_at, tmp_path, capsys):
+    """Issue 31, item 14: without a schedule to rebuild (whose warning named the change) the
+    resume was silent; now it names what changed, as a mid-epoch resume does."""
+    config = demo(tmp_path, lr_scheduler=None, trainer={"epochs": 1})
+    assert train.main(["-c", str(config), "--run-id", "run"]) == 0
+    run_dir = tmp_path / "saved" / RUN / "run"
+    capsys.readouterr()
+    assert train.main(["-r", str(run_dir), "--bs", "64", "--epochs", "2"]) == 0
+    log = capsys.readouterr().out
+    assert "batch_size 32 -> 64" in log and "epoch 2 on is trained in this run's batches" in log
+    assert "lr_scheduler" not in log

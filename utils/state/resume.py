@@ -58,8 +58,14 @@ def restore(trainer: "BaseTrainer", point: ResumePoint) -> None:
     trainer.state.timeline = point.timeline
     trainer.state.parent = path.name if not point.fine_tune else None
     place_in_epoch(trainer, state, path)
-    if state.get("geometry") not in (None, trainer.geometry):
+    changed = geometry_changes(state.get("geometry"), trainer.geometry)
+    if changed:
         trainer.state.step_offset = trainer.state.global_step - steps_done(trainer)
+    if changed and not trainer.state.inside_epoch:  # inside one, place_in_epoch said it
+        logger.warning(
+            "%s: %s: epoch %d on is trained in this run's batches (steps counted in them).",
+            path, ", ".join(changed), trainer.start_epoch,
+        )  # fmt: skip
     restored = restore_optimizer(trainer, state, saved, path)
     restore_schedule(trainer, state, saved, hyperparameters_restored=restored)
     if trainer.ema is not None and state.get("ema"):
@@ -120,6 +126,17 @@ def data_change(saved: dict | None, current: dict) -> str | None:
     return "; ".join(changes) or None
 
 
+def geometry_changes(saved: dict | None, current: dict) -> list[str]:
+    """What of the batch geometry differs from a checkpoint's, in words (none: format 1)."""
+    if saved is None:
+        return []
+    return [
+        f"{name} {saved[key]} -> {current[key]}"
+        for key, name in GEOMETRY_KEYS.items()
+        if saved[key] != current[key]
+    ]
+
+
 def place_in_epoch(trainer: "BaseTrainer", state: dict, path: object) -> None:
     """Where a mid-epoch checkpoint left off, in this run's batches. The same batch geometry
     continues after the same batch. Another batch size, process count or accumulation continues
@@ -129,18 +146,10 @@ def place_in_epoch(trainer: "BaseTrainer", state: dict, path: object) -> None:
     position = trainer.state
     if not position.inside_epoch:
         return
-    saved = state.get("geometry")
-    if saved is None:  # format 1: batches only, in the geometry it was saved with
+    changed = geometry_changes(state.get("geometry"), trainer.geometry)
+    if not changed:  # or a format 1 checkpoint: batches only, in the geometry it was saved with
         return
-    current = trainer.geometry
-    changed = [
-        f"{name} {saved[key]} -> {current[key]}"
-        for key, name in GEOMETRY_KEYS.items()
-        if saved[key] != current[key]
-    ]
-    if not changed:
-        return
-    epoch = trainer.start_epoch
+    saved, current, epoch = state["geometry"], trainer.geometry, trainer.start_epoch
     sampler = trainer.train_loader.sampler
     one_pass = saved["len_epoch"] is None and current["len_epoch"] is None
     if not (one_pass and isinstance(sampler, EpochSampler) and position.samples is not None):
