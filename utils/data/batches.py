@@ -6,10 +6,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
-from torch.utils.data import DataLoader
 
-from utils.distributed.process_group import all_reduce_max, world_size
 from utils.data.sampler import EpochSampler
+from utils.distributed.process_group import all_reduce_max, world_size
 from utils.util import UserError
 
 if TYPE_CHECKING:

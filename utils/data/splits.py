@@ -57,7 +57,9 @@ def sample_ids(dataset: Any) -> list[str] | None:
     samples = getattr(dataset, "samples", None)
     if samples is not None:
         root = str(getattr(dataset, "root", ""))
-        return [f"{os.path.relpath(path, root) if root else path}\0{label}" for path, label in samples]
+        return [
+            f"{os.path.relpath(path, root) if root else path}\0{label}" for path, label in samples
+        ]
     targets = getattr(dataset, "targets", None)
     return None if targets is None else [str(int(label)) for label in targets]
 
