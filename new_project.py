@@ -1,24 +1,33 @@
-"""Copy this template into a new project folder.
+"""Copy this template into a new project folder, and later bring the template's newer commits
+into that copy (docs/new-project.md).
 
-    python new_project.py ../MyProject
+    python new_project.py ../MyProject            # a copy, a git repository with one commit
+    python new_project.py --update ../MyProject   # merge the template's changes since then
 
-Copies everything except run outputs (saved/), data, caches, virtual environments (any folder
-with a pyvenv.cfg or conda-meta/, whatever its name), .git and this script itself. The copy runs
-its own tests and demo unchanged.
+copier (https://copier.readthedocs.io) does both: it records the template's commit in the copy
+(.copier-answers.yml) and an update merges three ways, keeping the copy's own edits; a true
+conflict is left as conflict markers, never a silent overwrite. copier.yml lists what is not
+copied (run outputs, data, caches, this script); environments are found by what they hold (a
+pyvenv.cfg or conda-meta/), whatever their name.
 """
 
 import argparse
+import importlib.util
+import os
+import re
 import shutil
+import subprocess
 import sys
-from collections.abc import Callable
+import warnings
 from pathlib import Path
 
-# Names skipped wherever they appear, and top-level paths skipped only at the root.
-IGNORED_NAMES = {
-    ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".import_linter_cache",
-    ".venv", "venv",
-}  # fmt: skip
-IGNORED_AT_ROOT = {"saved", "data", "new_project.py"}
+ANSWERS = ".copier-answers.yml"
+PROJECT_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")  # PEP 508
+CONFLICT = re.compile(r"^<{7} ", re.MULTILINE)
+
+
+class CopyError(Exception):
+    """A one-line refusal: nothing in the target was changed."""
 
 
 def is_environment(folder: Path) -> bool:
@@ -27,42 +36,135 @@ def is_environment(folder: Path) -> bool:
     return (folder / "pyvenv.cfg").is_file() or (folder / "conda-meta").is_dir()
 
 
-def ignore(root: Path) -> Callable[[str, list[str]], set[str]]:
-    def ignored(directory: str, names: list[str]) -> set[str]:
-        skipped = {
-            name
-            for name in names
-            if name in IGNORED_NAMES
-            or name.endswith((".pyc", ".egg-info"))
-            or is_environment(Path(directory) / name)
-        }
-        if Path(directory).resolve() == root:
-            skipped |= IGNORED_AT_ROOT & set(names)
-        return skipped
-
-    return ignored
+def environments(root: Path) -> list[str]:
+    """Every environment under root, as copier exclude patterns (/path/from/root)."""
+    found = []
+    for directory, names, _ in os.walk(root):
+        for name in list(names):
+            if name == ".git" or is_environment(Path(directory) / name):
+                names.remove(name)  # not walked into
+                if name != ".git":
+                    found.append("/" + (Path(directory) / name).relative_to(root).as_posix())
+    return found
 
 
-def copy_template(root: Path, target: Path) -> None:
-    """root's files into target, less what `ignore` skips; an empty saved/ for the runs."""
-    shutil.copytree(root, target, ignore=ignore(root), dirs_exist_ok=True)
+def git(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    if shutil.which("git") is None:
+        raise CopyError("git not found: install it (copies are git repositories, updates merge)")
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def template_commit(root: Path) -> str | None:
+    """The template's commit (None: not a git repository), after a warning when it has
+    uncommitted changes: they are copied, but an update can only start from a commit."""
+    head = git("rev-parse", "HEAD", cwd=root)
+    if head.returncode != 0:
+        return None
+    if git("status", "--porcelain", cwd=root).stdout.strip():
+        print(f"warning: {root} has uncommitted changes: they are copied, but --update can only "
+              "merge from the template's commits", file=sys.stderr)  # fmt: skip
+    return head.stdout.strip()
+
+
+def copy_template(root: Path, target: Path, project_name: str = "my-project") -> None:
+    """root's files into target (copier), less what copier.yml and `environments` leave out."""
+    import copier  # only this script needs it
+
+    with warnings.catch_warnings():  # copier's own about a dirty template: template_commit's
+        warnings.simplefilter("ignore", copier.errors.DirtyLocalWarning)
+        copier.run_copy(
+            str(root), target, data={"project_name": project_name}, defaults=True, quiet=True,
+            exclude=environments(root), vcs_ref="HEAD" if (root / ".git").exists() else None,
+        )  # fmt: skip
     (target / "saved").mkdir(exist_ok=True)
     (target / "saved" / ".gitkeep").touch()
+    pyproject = target / "pyproject.toml"
+    if pyproject.is_file():  # the copy is its own project
+        text = re.sub(
+            r'(?m)^name = ".*"$', f'name = "{project_name}"', pyproject.read_text(), count=1
+        )
+        pyproject.write_text(text)
+
+
+def first_commit(target: Path, commit: str | None) -> None:
+    """Make the copy a git repository with one commit: copier's update merges into it."""
+    identity = ["-c", "user.name=new_project.py", "-c", "user.email=new_project@localhost"]
+    if git("config", "user.email", cwd=target).returncode == 0:
+        identity = []  # the user's own
+    version = f" at {commit[:12]}" if commit else ""
+    for args in (["init", "-q"], ["add", "-A"],
+                 [*identity, "commit", "-q", "-m", f"New project from the template{version}"]):  # fmt: skip
+        result = git(*args, cwd=target)
+        if result.returncode != 0:
+            raise CopyError(f"{target}: git {args[-1]} failed: {result.stderr.strip()}")
+
+
+def update(root: Path, target: Path) -> int:
+    """Merge the template's commits since the copy's into it; 1 when conflicts are left."""
+    import copier
+
+    answers = target / ANSWERS
+    if not answers.is_file():
+        raise CopyError(f"{target}: no {ANSWERS}; only a copy made by new_project.py updates")
+    recorded = re.search(r"(?m)^_src_path: (.*)$", answers.read_text())
+    if recorded is None or Path(recorded.group(1)).resolve() != root:
+        source = recorded.group(1) if recorded else "unknown"
+        raise CopyError(f"{target}: copied from {source}, not {root}; run that template's "
+                        f"new_project.py, or set _src_path in {ANSWERS} and commit")  # fmt: skip
+    if git("status", "--porcelain", cwd=target).stdout.strip():
+        raise CopyError(f"{target}: uncommitted changes; commit them first (an update merges)")
+    template_commit(root)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", copier.errors.DirtyLocalWarning)
+            copier.run_update(target, defaults=True, overwrite=True, skip_answered=True,
+                              conflict="inline", quiet=True, vcs_ref="HEAD")  # fmt: skip
+    except Exception as error:  # copier's errors: a one-line refusal
+        raise CopyError(f"{target}: copier update failed: {error}") from None
+    changed = [line[3:] for line in git("status", "--porcelain", cwd=target).stdout.splitlines()]
+    conflicts = [
+        name for name in changed
+        if (target / name).is_file() and CONFLICT.search((target / name).read_text(errors="replace"))
+    ]  # fmt: skip
+    summary = f"Updated {target}: {len(changed)} file(s) changed"
+    if conflicts:
+        print(f"{summary}, {len(conflicts)} with conflicts to resolve (<<<<<<< markers): "
+              f"{', '.join(conflicts)}", file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"{summary}, no conflicts. Review with git diff, then commit.")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Copy this template into a new project folder.")
     parser.add_argument("target", help="folder to create, e.g. ../MyProject")
+    parser.add_argument("--update", action="store_true",
+                        help="merge this template's newer commits into the copy TARGET")  # fmt: skip
+    parser.add_argument("--name", help="the project's name (default: the folder's name)")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parent
     target = Path(args.target).resolve()
-    if target.exists() and any(target.iterdir()):
-        print(f"error: {target}: already exists and is not empty", file=sys.stderr)
+    try:
+        if args.update and importlib.util.find_spec("copier") is None:
+            raise CopyError("new_project.py needs copier: pip install copier")
+        if args.update:
+            return update(root, target)
+        if target.exists() and any(target.iterdir()):
+            raise CopyError(f"{target}: already exists and is not empty")
+        if target.is_relative_to(root):
+            raise CopyError(f"{target}: must be outside the template ({root})")
+        name = args.name or target.name
+        if not PROJECT_NAME.fullmatch(name):
+            raise CopyError(f"{name!r}: not a project name (letters, digits, '.', '_', '-'); "
+                            "pass --name")  # fmt: skip
+        if importlib.util.find_spec("copier") is None:
+            raise CopyError("new_project.py needs copier: pip install copier")
+        commit = template_commit(root)
+        copy_template(root, target, name)
+        first_commit(target, commit)
+    except CopyError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    if target.is_relative_to(root):
-        print(f"error: {target}: must be outside the template ({root})", file=sys.stderr)
-        return 2
-    copy_template(root, target)
     print(f"New project in {target}. Next: cd {target} && python train.py -c configs/demo.json")
     return 0
 

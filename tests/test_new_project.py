@@ -1,8 +1,22 @@
-"""new_project.py leaves out what is not the template: environments by what they hold (CI
-installs .venv-ci-floor beside the template while the tests copy it: 11 GB filled CI's disk),
-caches, run outputs and data at the root; a user's own folder named like them deeper down stays."""
+"""new_project.py (issue 34): a copy made with copier leaves out what is not the template
+(environments by what they hold: CI installs .venv-ci-floor beside the template while the tests
+copy it, and 11 GB filled CI's disk), records the template's commit, and is a git repository;
+--update merges the template's newer commits into it, keeping the copy's own edits and leaving a
+true conflict as conflict markers with a one-line summary."""
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+if not (ROOT / "new_project.py").is_file():
+    pytest.skip("a copy made by new_project.py, which leaves itself out", allow_module_level=True)
+pytest.importorskip("copier", reason="new_project.py's copier (requirements-extras.txt)")
 
 import new_project
 
@@ -12,8 +26,14 @@ def touch(path: Path, text: str = "") -> None:
     path.write_text(text)
 
 
+def fake_template(root: Path) -> Path:
+    for name in ("copier.yml", ".copier-answers.yml.jinja"):
+        touch(root / name, (ROOT / name).read_text())
+    return root.resolve()
+
+
 def test_the_copy_leaves_out_environments_caches_and_outputs(tmp_path: Path) -> None:
-    root, target = tmp_path / "template", tmp_path / "MyProject"
+    root, target = fake_template(tmp_path / "template"), tmp_path / "MyProject"
     kept = ["train.py", "model/model.py", "model/data/vocab.txt", "configs/demo.json", "tests/x.py"]
     for name in kept:
         touch(root / name)
@@ -28,16 +48,171 @@ def test_the_copy_leaves_out_environments_caches_and_outputs(tmp_path: Path) -> 
     for name in left_out:
         touch(root / name)
 
-    new_project.copy_template(root.resolve(), target)
+    new_project.copy_template(root, target)
 
     copied = {str(path.relative_to(target)) for path in target.rglob("*") if path.is_file()}
-    assert copied == {*kept, "saved/.gitkeep"}
+    assert copied == {*kept, "saved/.gitkeep", ".copier-answers.yml"}
 
 
 def test_a_folder_named_like_an_environment_without_one_is_copied(tmp_path: Path) -> None:
     # Named "env" or "conda", with no pyvenv.cfg or conda-meta/: the user's code, kept.
-    root, target = tmp_path / "template", tmp_path / "MyProject"
+    root, target = fake_template(tmp_path / "template"), tmp_path / "MyProject"
     touch(root / "env" / "wrappers.py")
     touch(root / "conda" / "meta.txt")
-    new_project.copy_template(root.resolve(), target)
+    new_project.copy_template(root, target)
     assert (target / "env" / "wrappers.py").is_file() and (target / "conda" / "meta.txt").is_file()
+
+
+def git(*args: str, cwd: Path) -> str:
+    identity = ["-c", "user.name=test", "-c", "user.email=test@localhost"]
+    result = subprocess.run(["git", *identity, *args], cwd=cwd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def new_project_py(template: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(template / "new_project.py"), *args],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Path:
+    """This template's files (tracked, and new ones not ignored) as a git repository of one
+    commit: what a user clones."""
+    files = git("ls-files", "-co", "--exclude-standard", "-z", cwd=ROOT).split("\0")
+    template = tmp_path / "template"
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (template / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, template / name)
+    git("init", "-q", cwd=template)
+    git("add", "-A", cwd=template)
+    git("commit", "-q", "-m", "the template, v1", cwd=template)
+    return template
+
+
+@pytest.mark.slow  # CI's main job (copier is among its extras)
+def test_an_update_merges_the_templates_commits_and_keeps_the_users_edits(
+    template: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "MyProject"
+    result = new_project_py(template, str(copy))
+    assert result.returncode == 0, result.stderr
+    v1 = git("rev-parse", "HEAD", cwd=template).strip()
+    answers = (copy / ".copier-answers.yml").read_text()
+    assert f"_src_path: {template}" in answers and f"_commit: {v1[:7]}" in answers
+    assert 'name = "MyProject"' in (copy / "pyproject.toml").read_text()
+    assert git("status", "--porcelain", cwd=copy) == ""  # one commit, everything in it
+
+    # The user's edits, the way docs/extending.md suggests: their own model, a metric, a
+    # config value, and the training step.
+    edit(copy / "model/model.py", "__all__ = [", '__all__ = ["MyNet", ')
+    (copy / "model/model.py").write_text(
+        (copy / "model/model.py").read_text() + "\n\nclass MyNet(CifarCNN):\n    pass\n"
+    )
+    (copy / "model/metric.py").write_text(
+        (copy / "model/metric.py").read_text() + "\n\n# the user's metric\n"
+    )
+    edit(copy / "configs/demo.json", '"epochs": 3', '"epochs": 7')
+    edit(copy / "trainer/trainer.py", '"""', '"""The user\'s task. ')
+    git("commit", "-q", "-am", "my project", cwd=copy)
+
+    # The template's next commit: the machinery, the metrics, a shipped config, and (on purpose)
+    # the same line of trainer.py the user changed.
+    edit(template / "base/base_trainer.py", "import abc\n", "import abc  # template v2\n")
+    (template / "utils/util.py").write_text(
+        (template / "utils/util.py").read_text() + "\n\ndef template_v2() -> int:\n    return 2\n"
+    )
+    edit(template / "model/metric.py", '"""', '"""Template v2. ')
+    edit(template / "configs/demo.json", '"log_step": 10', '"log_step": 20')
+    edit(template / "trainer/trainer.py", '"""', '"""The template\'s v2. ')
+    git("commit", "-q", "-am", "the template, v2", cwd=template)
+    v2 = git("rev-parse", "HEAD", cwd=template).strip()
+
+    result = new_project_py(template, "--update", str(copy))
+    assert result.returncode == 1, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "1 with conflicts to resolve" in line and line.endswith("trainer/trainer.py")
+    # Both sides' changes are there; the conflict is marked, not overwritten either way.
+    assert "import abc  # template v2" in (copy / "base/base_trainer.py").read_text()
+    assert "def template_v2" in (copy / "utils/util.py").read_text()
+    metric = (copy / "model/metric.py").read_text()
+    assert '"""Template v2. ' in metric and "# the user's metric" in metric
+    config = json.loads((copy / "configs/demo.json").read_text())
+    assert (config["trainer"]["epochs"], config["trainer"]["log_step"]) == (7, 20)
+    assert "class MyNet(CifarCNN)" in (copy / "model/model.py").read_text()
+    trainer = (copy / "trainer/trainer.py").read_text()
+    assert "<<<<<<< " in trainer and "The user's task." in trainer and "template's v2" in trainer
+    assert f"_commit: {v2[:7]}" in (copy / ".copier-answers.yml").read_text()
+
+    # Resolved the user's way, the copy's tests pass.
+    lines = trainer.splitlines(keepends=True)
+    start = next(i for i, text in enumerate(lines) if text.startswith("<<<<<<< "))
+    middle = next(i for i, text in enumerate(lines) if text.startswith("======="))
+    end = next(i for i, text in enumerate(lines) if text.startswith(">>>>>>> "))
+    resolved = lines[:start] + lines[start + 1 : middle] + lines[end + 1 :]
+    (copy / "trainer/trainer.py").write_text("".join(resolved))
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+         "tests/test_model.py", "tests/test_config.py"],
+        cwd=copy, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert tests.returncode == 0, tests.stdout[-3000:]
+
+
+def test_an_update_is_refused_in_one_line_when_it_cannot_merge(
+    template: Path, tmp_path: Path
+) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    result = new_project_py(template, "--update", str(plain))
+    assert result.returncode == 2 and "no .copier-answers.yml" in result.stderr
+    copy = tmp_path / "MyProject"
+    assert new_project_py(template, str(copy)).returncode == 0
+    (copy / "notes.txt").write_text("not committed")
+    result = new_project_py(template, "--update", str(copy))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "uncommitted changes; commit them first" in result.stderr
+    other = tmp_path / "other"
+    shutil.copytree(template, other)
+    (copy / "notes.txt").unlink()
+    result = new_project_py(other, "--update", str(copy))
+    assert result.returncode == 2 and f"copied from {template}, not {other}" in result.stderr
+
+
+def test_a_copy_is_refused_in_one_line_where_it_would_overwrite(template: Path, tmp_path: Path):
+    busy = tmp_path / "busy"
+    touch(busy / "mine.txt", "keep")
+    result = new_project_py(template, str(busy))
+    assert result.returncode == 2 and "already exists and is not empty" in result.stderr
+    assert (busy / "mine.txt").read_text() == "keep"
+    result = new_project_py(template, str(template / "inside"))
+    assert result.returncode == 2 and "must be outside the template" in result.stderr
+    result = new_project_py(template, str(tmp_path / "My Project"))
+    assert result.returncode == 2 and "pass --name" in result.stderr
+    assert not (tmp_path / "My Project").exists()
+
+
+@pytest.mark.slow  # CI's main job
+def test_a_fresh_copy_passes_its_pre_commit_hooks(template: Path, tmp_path: Path) -> None:
+    """.pre-commit-config.yaml's hooks (ruff, the layering check) on every file of a new copy."""
+    pre_commit = Path(sys.executable).parent / "pre-commit"
+    if not pre_commit.is_file():
+        pytest.skip("pre-commit is not installed (requirements-extras.txt)")
+    copy = tmp_path / "MyProject"
+    assert new_project_py(template, str(copy)).returncode == 0
+    hooks = subprocess.run(
+        [str(pre_commit), "run", "--all-files"],
+        cwd=copy, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert hooks.returncode == 0, hooks.stdout[-3000:]
+    assert git("status", "--porcelain", cwd=copy) == ""  # nothing to fix

@@ -200,7 +200,9 @@ def test_new_project_copy_runs_its_own_demo_and_tests(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     names = {path.name for path in target.iterdir()}
     assert {"train.py", "test.py", "config.json", "configs", "tests", "README.md"} <= names
-    assert not {"new_project.py", ".git", ".venv", "data"} & names
+    assert not {"new_project.py", "copier.yml", ".venv", "data"} & names
+    # A git repository of one commit, which records the template's commit for --update.
+    assert {".git", ".copier-answers.yml"} <= names
     assert list((target / "saved").iterdir()) == [target / "saved" / ".gitkeep"]
     assert not list(target.rglob("__pycache__"))
 
