@@ -153,7 +153,9 @@ def predict_rows(
                     for i in range(0, len(inputs), args.batch_size)
                 ]
             )
-        classes = state.get("class_names") or []
+        # A classifier's names, one per output (or indices, with a warning, when they disagree).
+        named = bool(state.get("class_names"))
+        classes = class_labels(state, outputs.shape[1], args.resume) if named else []
         for name, output in zip(names, outputs.float(), strict=True):
             if classes:
                 top = output.softmax(dim=0).topk(min(args.top_k, len(classes)))

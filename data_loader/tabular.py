@@ -83,13 +83,16 @@ class TabularDataLoader(BaseDataLoader):
         self.csv, self.sklearn, self.target, self.task = csv, sklearn, target, task
         self.test_split = test_split
         self._table: tuple[np.ndarray, np.ndarray] | None = None
+        self._classes: list[str] = []
 
     def location(self, split: str) -> str:
         source = self.csv if self.csv is not None else f"scikit-learn's {self.sklearn} data"
         return f"{source} ({split} split)"
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
-        """(features float32 (N, F), targets (N,)) of every row, read once."""
+        """(features float32 (N, F), targets (N,)) of every row, read once: a regression's values,
+        a classification's class indices 0..K-1, the label values in sorted order (class_names
+        keeps the values: labels 1..3 are classes 0..2 named "1", "2", "3")."""
         if self._table is None:
             if self.csv is not None:
                 features, targets, _ = read_csv(Path(self.csv), self.target)
@@ -107,6 +110,9 @@ class TabularDataLoader(BaseDataLoader):
                     ) from None
                 bundle = getattr(datasets, f"load_{self.sklearn}")()
                 features, targets = bundle.data.astype(np.float32), bundle.target
+            if self.task == "classification":
+                values, targets = np.unique(targets, return_inverse=True)
+                self._classes = [label_name(float(value)) for value in values]
             self._table = features, targets
         return self._table
 
@@ -129,9 +135,8 @@ class TabularDataLoader(BaseDataLoader):
         return identity  # numbers are used as they are; the model standardises them
 
     def class_names(self) -> list[str]:
-        if self.task == "regression":
-            return []
-        return [str(label) for label in sorted({int(value) for value in self.table()[1]})]
+        self.table()  # the names are the label values it reads
+        return list(self._classes)
 
     @classmethod
     def read_inputs(cls, path: Path, args: dict) -> tuple[list[str], torch.Tensor]:
@@ -149,3 +154,8 @@ class TabularDataLoader(BaseDataLoader):
 
 def identity(values: Any) -> Any:
     return values
+
+
+def label_name(value: float) -> str:
+    """A class's name: its label value as the CSV would write it ("3", not "3.0"; "0.5")."""
+    return str(int(value)) if value.is_integer() else repr(value)

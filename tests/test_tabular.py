@@ -1,0 +1,133 @@
+"""Tables (data_loader/tabular.py) as a user's CSV file holds them: class labels that are any
+numbers, columns in any order beside others the model never saw, and rows edited between a
+run and its resume (issue 31, items 3 to 5).
+
+The properties (hypothesis) check the loader and predict.py's reader on many tables; one plain
+run per item trains, predicts or resumes through the entry points, in-process (run_main)."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import NUM_EXAMPLES, ROOT, run_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from data_loader.tabular import TabularDataLoader
+
+
+def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def csv_config(tmp_path: Path, table: Path, *, num_classes: int | None = None) -> Path:
+    """configs/tabular.json on the CSV file `table` (a classification with num_classes), 2
+    epochs of a small MLP, its outputs under tmp_path/saved."""
+    config = json.loads((ROOT / "configs/tabular.json").read_text())
+    task = "regression" if num_classes is None else "classification"
+    config["data_loader"]["args"] = {
+        "csv": str(table),
+        "task": task,
+        "test_split": 0.2,
+        "validation_split": 0.2,
+        "batch_size": 16,
+    }
+    config["arch"]["args"] = {"in_features": 3, "hidden": [16], "num_classes": num_classes}
+    if num_classes is not None:
+        config.update(loss="cross_entropy", metrics=["accuracy"])
+        config["trainer"]["monitor"] = "max val/accuracy"
+    config["trainer"].update(epochs=2, save_dir=str(tmp_path / "saved"), save_period=1)
+    path = tmp_path / f"{table.stem}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def features(num_rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(num_rows, 3)).round(4)
+
+
+# --- item 3: class labels are any numbers --------------------------------------------------------
+
+
+def classes_of(path: Path) -> tuple[TabularDataLoader, dict[str, list[int]]]:
+    """The loader of a classification CSV whose first feature is the row's number, and per split
+    the class index of each of its samples, by row number."""
+    data = TabularDataLoader(csv=str(path), task="classification", batch_size=4, seed=0)
+    labels = {}
+    for split in data.splits:
+        dataset = data.dataset(split)
+        by_row = {int(row[0]): int(label) for row, label in dataset}
+        labels[split] = [by_row[row] for row in sorted(by_row)]
+    return data, labels
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_class_labels_are_invariant_to_an_offset_of_the_label_values(tmp_path, num_examples):
+    @settings(max_examples=num_examples)
+    @given(
+        labels=st.lists(st.integers(-5, 20), min_size=5, max_size=40),
+        offset=st.integers(-1000, 1000),
+    )
+    def check(labels: list[int], offset: int) -> None:
+        tables = []
+        for name, shift in (("labels", 0), ("shifted", offset)):
+            rows = [[row, 0.5, label + shift] for row, label in enumerate(labels)]
+            tables.append(
+                classes_of(write_csv(tmp_path / f"{name}.csv", ["row", "x", "target"], rows))
+            )
+        (data, indices), (shifted_data, shifted_indices) = tables
+        values = sorted(set(labels))
+        # Classes 0..K-1, one per label value in sorted order, named by the value.
+        assert data.class_names() == [str(value) for value in values]
+        assert shifted_data.class_names() == [str(value + offset) for value in values]
+        assert indices == shifted_indices
+        for split in data.splits:
+            rows = sorted(int(row[0]) for row, _ in data.dataset(split))
+            names = [data.class_names()[index] for index in indices[split]]
+            assert names == [str(labels[row]) for row in rows]
+
+    check()
+
+
+def test_labels_1_to_3_train_3_classes_and_predict_prints_the_labels(tmp_path):
+    x = features(120)
+    labels = 1 + (x[:, 0] > 0) + (x[:, 1] > 0.5)  # classes 1, 2 and 3
+    rows = x[:8].tolist()
+    inputs = write_csv(tmp_path / "rows.csv", ["a", "b", "c"], rows)
+    predicted = []
+    for offset in (0, 10):
+        name = f"labels{offset}"
+        table = [[*row, int(label) + offset] for row, label in zip(x.tolist(), labels, strict=True)]
+        table_path = write_csv(tmp_path / f"{name}.csv", ["a", "b", "c", "target"], table)
+        config = csv_config(tmp_path, table_path, num_classes=3)
+        trained = run_main("train.py", "-c", str(config), "--run-id", name)
+        assert trained.returncode == 0, trained.stderr
+        best = tmp_path / "saved" / "models" / "Diabetes_MLP" / name / "model_best.pth"
+        out = tmp_path / f"{name}-predicted.json"
+        result = run_main("predict.py", "-r", str(best), str(inputs), "--out", str(out))
+        assert result.returncode == 0 and not result.stderr, result.stderr
+        predicted.append(json.loads(out.read_text()))
+    plain, shifted = predicted
+    assert all(set(row["labels"]) == {"1", "2", "3"} for row in plain)
+    # The same model (the same classes 0..2, seed and rows), named by each file's labels.
+    for row, other in zip(plain, shifted, strict=True):
+        assert other["labels"] == [str(int(label) + 10) for label in row["labels"]]
+        assert other["probabilities"] == row["probabilities"]
+    # A checkpoint whose names do not fit its outputs (one trained before the fix with labels
+    # 1..3 has 4 outputs, 3 names): class indices and a warning, not an IndexError.
+    best = tmp_path / "saved" / "models" / "Diabetes_MLP" / "labels0" / "model_best.pth"
+    state = torch.load(best, weights_only=True)
+    state["class_names"] = state["class_names"][1:]
+    torch.save(state, tmp_path / "older.pth")
+    result = run_main("predict.py", "-r", str(tmp_path / "older.pth"), str(inputs))
+    assert result.returncode == 0 and "2 class names for 3 outputs" in result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines()] == [
+        str(["1", "2", "3"].index(row["labels"][0])) for row in plain
+    ]
