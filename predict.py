@@ -144,8 +144,13 @@ def predict_rows(
     from utils import UserError
 
     rows: list[dict] = []
+    # The training data's input columns, which the inputs are read by (None: an older checkpoint).
+    columns = state.get("feature_names")
+    if columns is None:
+        note = "no feature names (an older checkpoint): columns are read by position"
+        print(f"warning: {args.resume}: {note}", file=sys.stderr)
     for text in args.inputs:
-        names, inputs = loader_class.read_inputs(Path(text), config["data_loader"]["args"])
+        names, inputs = loader_class.read_inputs(Path(text), config["data_loader"]["args"], columns)
         with torch.inference_mode():
             outputs = torch.cat(
                 [

@@ -3,6 +3,7 @@ pip install scikit-learn: nothing is downloaded). The non-image example of the t
 configs/tabular.json (a regression) and configs/wine.json (a classification)."""
 
 import csv
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,12 @@ SKLEARN_SETS = {
 TASKS = ("regression", "classification")
 
 
-def read_csv(path: Path, target: str | None) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+def read_csv(
+    path: Path, target: str | None, features: list[str] | None = None
+) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
     """(features float32 (N, F), the `target` column (None without one), feature names) of a CSV
-    file with a header row; every other column is a feature."""
+    file with a header row. The features are the columns named `features`, in that order, the
+    other columns left out; by default every column but the target, in the file's order."""
     try:
         with path.open(newline="", encoding="utf-8") as file:
             rows = list(csv.reader(file))
@@ -36,14 +40,40 @@ def read_csv(path: Path, target: str | None) -> tuple[np.ndarray, np.ndarray | N
     if len(rows) < 2:
         raise DataError(f"{path}: a header row and at least one row of values are needed")
     header, body = rows[0], rows[1:]
+    repeated = [name for name, count in Counter(header).items() if count > 1]
+    if repeated:
+        raise DataError(f"{path}: two columns are named {repeated[0]!r}")
+    columns = [name for name in header if name != target] if features is None else features
+    missing = [name for name in columns if name not in header]
+    if missing:
+        raise DataError(
+            f"{path}: no column named {', '.join(map(repr, missing))}: the model reads its "
+            f"{len(columns)} feature columns by name (other columns are left out)"
+        )
+    wanted = [*columns, target] if target in header and target not in columns else columns
+    for line, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise DataError(f"{path}:{line}: {len(row)} values, but the header has {len(header)}")
+    positions = [header.index(name) for name in wanted]
     try:
-        values = np.asarray(body, dtype=np.float64)
+        values = np.asarray([[row[i] for i in positions] for row in body], dtype=np.float64)
     except ValueError:
-        raise DataError(f"{path}: every value must be a number (and every row as long)") from None
-    columns = [name for name in header if name != target]
-    features = values[:, [header.index(name) for name in columns]].astype(np.float32)
-    labels = values[:, header.index(target)] if target in header else None
-    return features, labels, columns
+        raise not_a_number(path, body, dict(zip(wanted, positions, strict=True))) from None
+    labels = values[:, len(columns)] if len(wanted) > len(columns) else None
+    return values[:, : len(columns)].astype(np.float32), labels, columns
+
+
+def not_a_number(path: Path, body: list[list[str]], positions: dict[str, int]) -> DataError:
+    """The error naming the first value of the columns read (name: position) that is not one."""
+    for line, row in enumerate(body, start=2):
+        for name, position in positions.items():
+            try:
+                float(row[position])
+            except ValueError:
+                return DataError(
+                    f"{path}:{line}: column {name!r}: {row[position]!r} is not a number"
+                )
+    return DataError(f"{path}: every value must be a number")
 
 
 class TabularDataLoader(BaseDataLoader):
@@ -84,6 +114,7 @@ class TabularDataLoader(BaseDataLoader):
         self.test_split = test_split
         self._table: tuple[np.ndarray, np.ndarray] | None = None
         self._classes: list[str] = []
+        self._features: list[str] = []
 
     def location(self, split: str) -> str:
         source = self.csv if self.csv is not None else f"scikit-learn's {self.sklearn} data"
@@ -95,7 +126,7 @@ class TabularDataLoader(BaseDataLoader):
         keeps the values: labels 1..3 are classes 0..2 named "1", "2", "3")."""
         if self._table is None:
             if self.csv is not None:
-                features, targets, _ = read_csv(Path(self.csv), self.target)
+                features, targets, self._features = read_csv(Path(self.csv), self.target)
                 if targets is None:
                     raise DataError(
                         f"{self.csv}: no column named {self.target!r} (data_loader.args.target)"
@@ -110,6 +141,7 @@ class TabularDataLoader(BaseDataLoader):
                     ) from None
                 bundle = getattr(datasets, f"load_{self.sklearn}")()
                 features, targets = bundle.data.astype(np.float32), bundle.target
+                self._features = [str(name) for name in bundle.feature_names]
             if self.task == "classification":
                 values, targets = np.unique(targets, return_inverse=True)
                 self._classes = [label_name(float(value)) for value in values]
@@ -138,11 +170,23 @@ class TabularDataLoader(BaseDataLoader):
         self.table()  # the names are the label values it reads
         return list(self._classes)
 
+    def feature_names(self) -> list[str]:
+        """The feature columns' names (the CSV's, or the bundled set's), in the model's order."""
+        self.table()
+        return list(self._features)
+
     @classmethod
-    def read_inputs(cls, path: Path, args: dict) -> tuple[list[str], torch.Tensor]:
-        """predict.py: the rows of a CSV file with the training data's feature columns (a target
-        column, when there, is left out): (a name per row, features float32 (N, F))."""
-        features, _, _ = read_csv(path, args.get("target", "target"))
+    def read_inputs(
+        cls, path: Path, args: dict, feature_names: list[str] | None
+    ) -> tuple[list[str], torch.Tensor]:
+        """predict.py: the rows of a CSV file, (a name per row, features float32 (N, F)). The
+        features are the training data's columns, by name (`feature_names`, which the checkpoint
+        keeps), in the model's order; other columns are left out. A checkpoint from before the
+        names were kept gives None: then every column but the target, by position."""
+        if feature_names is not None:
+            features, _, _ = read_csv(path, None, feature_names)
+        else:
+            features, _, _ = read_csv(path, args.get("target", "target"))
         return [f"{path}:{row + 2}" for row in range(len(features))], torch.from_numpy(features)
 
     @classmethod

@@ -131,3 +131,84 @@ def test_labels_1_to_3_train_3_classes_and_predict_prints_the_labels(tmp_path):
     assert [line.split()[1] for line in result.stdout.splitlines()] == [
         str(["1", "2", "3"].index(row["labels"][0])) for row in plain
     ]
+
+
+# --- item 4: predict.py reads the features by name ----------------------------------------------
+
+NAMES = st.text(alphabet="abcdefxyz_ ", min_size=1, max_size=6)
+NUMBERS = st.floats(allow_nan=False, allow_infinity=False, width=32)  # exact in float32
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_rows_read_for_predict_are_invariant_to_column_order_and_extra_columns(
+    tmp_path, num_examples
+):
+    @settings(max_examples=num_examples)
+    @given(
+        names=st.lists(NAMES, min_size=2, max_size=8, unique=True),
+        num_features=st.integers(1, 5),
+        num_rows=st.integers(1, 6),
+        data=st.data(),
+    )
+    def check(names: list[str], num_features: int, num_rows: int, data: st.DataObject) -> None:
+        features = names[:num_features]  # the model's columns; the others are extra
+        row_values = st.lists(NUMBERS, min_size=len(names), max_size=len(names))
+        values = data.draw(st.lists(row_values, min_size=num_rows, max_size=num_rows))
+        # Extra columns (an id, a target, notes) need not hold numbers.
+        cells = [
+            [value if column < num_features or data.draw(st.booleans()) else f"id {row}"
+             for column, value in enumerate(values[row])]
+            for row in range(num_rows)
+        ]  # fmt: skip
+        order = data.draw(st.permutations(range(len(names))))
+        shuffled = [[row[column] for column in order] for row in cells]
+        write_csv(tmp_path / "shuffled.csv", [names[column] for column in order], shuffled)
+        write_csv(tmp_path / "plain.csv", features, [row[:num_features] for row in values])
+        _, expected = TabularDataLoader.read_inputs(tmp_path / "plain.csv", {}, features)
+        assert expected.tolist() == [row[:num_features] for row in values]
+        _, inputs = TabularDataLoader.read_inputs(tmp_path / "shuffled.csv", {}, features)
+        assert torch.equal(inputs, expected)
+
+    check()
+
+
+def test_predict_reads_reordered_columns_beside_an_id_and_names_a_missing_one(tmp_path):
+    x = features(120)
+    table = write_csv(tmp_path / "table.csv", ["a", "b", "c", "target"],
+                      [[*row, row[0] + 2 * row[1] - row[2] + 3] for row in x.tolist()])  # fmt: skip
+    trained = run_main("train.py", "-c", str(csv_config(tmp_path, table)), "--run-id", "r")
+    assert trained.returncode == 0, trained.stderr
+    best = tmp_path / "saved" / "models" / "Diabetes_MLP" / "r" / "model_best.pth"
+    assert torch.load(best, weights_only=True)["feature_names"] == ["a", "b", "c"]
+    rows = x[:4].tolist()
+    plain = write_csv(tmp_path / "plain.csv", ["a", "b", "c"], rows)
+    # The columns in another order, an id of text and a target column the model never reads.
+    other = write_csv(tmp_path / "other.csv", ["id", "c", "target", "a", "b"],
+                      [[f"p{i}", c, 0, a, b] for i, (a, b, c) in enumerate(rows)])  # fmt: skip
+    printed = []
+    for sheet in (plain, other):
+        result = run_main("predict.py", "-r", str(best), str(sheet))
+        assert result.returncode == 0 and not result.stderr, result.stderr
+        printed.append([line.split()[1] for line in result.stdout.splitlines()])
+    assert printed[0] == printed[1] and len(printed[0]) == 4
+    missing = write_csv(tmp_path / "missing.csv", ["a", "c"], [[a, c] for a, _, c in rows])
+    result = run_main("predict.py", "-r", str(best), str(missing))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert f"{missing}: no column named 'b': the model reads its 3 feature columns by name" in (
+        result.stderr
+    )
+    # A checkpoint from before the names were kept reads by position, and says so.
+    state = torch.load(best, weights_only=True)
+    del state["feature_names"]
+    torch.save(state, tmp_path / "older.pth")
+    result = run_main("predict.py", "-r", str(tmp_path / "older.pth"), str(plain))
+    assert "no feature names (an older checkpoint): columns are read by position" in result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines()] == printed[0]
+    # test.py reads the run's own file: its columns reordered are refused, not misread.
+    lines = table.read_text().splitlines()
+    swapped = [[cells[i] for i in (2, 1, 0, 3)] for cells in (line.split(",") for line in lines)]
+    table.write_text("".join(",".join(cells) + "\n" for cells in swapped))
+    result = run_main("test.py", "-r", str(best))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    expected = "feature columns (c, b, a) are not the model's, in the order it trained on (a, b, c)"
+    assert expected in result.stderr
