@@ -3,6 +3,7 @@ pip install scikit-learn: nothing is downloaded). The non-image example of the t
 configs/tabular.json (a regression) and configs/wine.json (a classification)."""
 
 import csv
+import hashlib
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -115,6 +116,7 @@ class TabularDataLoader(BaseDataLoader):
         self._table: tuple[np.ndarray, np.ndarray] | None = None
         self._classes: list[str] = []
         self._features: list[str] = []
+        self._row_ids: list[str] = []
 
     def location(self, split: str) -> str:
         source = self.csv if self.csv is not None else f"scikit-learn's {self.sklearn} data"
@@ -142,18 +144,28 @@ class TabularDataLoader(BaseDataLoader):
                 bundle = getattr(datasets, f"load_{self.sklearn}")()
                 features, targets = bundle.data.astype(np.float32), bundle.target
                 self._features = [str(name) for name in bundle.feature_names]
+            self._row_ids = row_digests(features, targets)
             if self.task == "classification":
                 values, targets = np.unique(targets, return_inverse=True)
                 self._classes = [label_name(float(value)) for value in values]
             self._table = features, targets
         return self._table
 
+    def rows(self, split: str) -> np.ndarray:
+        """The rows of the table that `split` holds, in order."""
+        num_rows = len(self.table()[0])
+        # Its own seed, apart from the validation split's: the test rows never train.
+        train, test = holdout_split(num_rows, round(num_rows * self.test_split), self.seed + 1)
+        return train if split == "train" else test
+
+    def sample_ids(self, split: str) -> list[str]:
+        """A digest of each row of `split` (its features and target as read), for fingerprint():
+        a resume refuses rows re-sorted, replaced or edited since its checkpoint."""
+        return [self._row_ids[row] for row in self.rows(split)]
+
     def load_split(self, split: str) -> Dataset:
         features, targets = self.table()
-        num_test = round(len(features) * self.test_split)
-        # Its own seed, apart from the validation split's: the test rows never train.
-        train, test = holdout_split(len(features), num_test, self.seed + 1)
-        rows = train if split == "train" else test
+        rows = self.rows(split)
         inputs = torch.from_numpy(features[rows])  # (N, F) float32
         if self.task == "regression":
             labels = torch.from_numpy(targets[rows].astype(np.float32)).unsqueeze(1)  # (N, 1)
@@ -198,6 +210,15 @@ class TabularDataLoader(BaseDataLoader):
 
 def identity(values: Any) -> Any:
     return values
+
+
+def row_digests(features: np.ndarray, targets: np.ndarray) -> list[str]:
+    """A short hash of each row's bytes: its features (float32) and its target (float64)."""
+    shape = len(features), features.shape[1] * 4
+    cells = np.ascontiguousarray(features, dtype=np.float32).view(np.uint8).reshape(shape)
+    values = np.ascontiguousarray(targets, dtype=np.float64).view(np.uint8).reshape(-1, 8)
+    rows = np.concatenate([cells, values], axis=1)  # (N, 4 F + 8) bytes
+    return [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in rows]
 
 
 def label_name(value: float) -> str:

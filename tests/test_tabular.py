@@ -212,3 +212,78 @@ def test_predict_reads_reordered_columns_beside_an_id_and_names_a_missing_one(tm
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     expected = "feature columns (c, b, a) are not the model's, in the order it trained on (a, b, c)"
     assert expected in result.stderr
+
+
+# --- item 5: a resume refuses rows re-sorted or edited ------------------------------------------
+
+
+def held_rows(path: Path) -> tuple[list, list]:
+    """The loader of a regression CSV, and the rows (features and target) its training and its
+    validation share hold, in order."""
+    data = TabularDataLoader(csv=str(path), batch_size=4, seed=0, validation_split=0.25)
+    inputs, targets = data.dataset("train").tensors
+    rows = torch.cat([inputs, targets], dim=1)
+    return data, [rows[indices].tolist() for indices in data.split_indices()]
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_fingerprint_changes_exactly_when_the_rows_that_train_or_validate_do(
+    tmp_path, num_examples
+):
+    @settings(max_examples=num_examples)
+    @given(
+        num_rows=st.integers(4, 30),
+        num_columns=st.integers(2, 4),
+        edit=st.sampled_from(["sort", "permute", "value"]),
+        data=st.data(),
+    )
+    def check(num_rows: int, num_columns: int, edit: str, data: st.DataObject) -> None:
+        cell = st.integers(-3, 3)  # few values: equal rows and no-op edits come up too
+        row = st.lists(cell, min_size=num_columns, max_size=num_columns)
+        table = data.draw(st.lists(row, min_size=num_rows, max_size=num_rows))
+        header = [*(f"x{i}" for i in range(num_columns - 1)), "target"]
+        before = held_rows(write_csv(tmp_path / "before.csv", header, table))
+        if edit == "sort":
+            edited = sorted(table)
+        elif edit == "permute":
+            edited = [table[i] for i in data.draw(st.permutations(range(num_rows)))]
+        else:
+            edited = [list(values) for values in table]
+            edited[data.draw(st.integers(0, num_rows - 1))][
+                data.draw(st.integers(0, num_columns - 1))
+            ] = data.draw(cell)
+        after = held_rows(write_csv(tmp_path / "after.csv", header, edited))
+        same_data = before[1] == after[1]
+        assert (before[0].fingerprint() == after[0].fingerprint()) == same_data
+
+    check()
+
+
+def test_a_resume_refuses_rows_re_sorted_or_one_value_changed_unless_allowed(tmp_path):
+    x = features(120)
+    lines = [",".join(map(str, [*row, row[0] - row[2]])) for row in x.tolist()]
+    table = tmp_path / "table.csv"
+    table.write_text("".join(f"{line}\n" for line in ["a,b,c,target", *lines]))
+    config = csv_config(tmp_path, table)
+    assert run_main("train.py", "-c", str(config), "--run-id", "r").returncode == 0
+    run_dir = tmp_path / "saved" / "models" / "Diabetes_MLP" / "r"
+    data = TabularDataLoader(csv=str(table), batch_size=16, seed=0, validation_split=0.2)
+    training_features = data.dataset("train").tensors[0][data.split_indices()[0][0]].numpy()
+    first_training_row = int(np.abs(x - training_features).sum(axis=1).argmin())
+    edited = list(lines)
+    cells = edited[first_training_row].split(",")
+    edited[first_training_row] = ",".join([cells[0], "7.5", *cells[2:]])
+    test_val = ["-r", str(run_dir / "model_best.pth"), "--split", "val"]
+    both = "training split: other samples (77); validation split: other samples (19)"
+    for rows, change, val_changed in (
+        (sorted(lines), both, True),
+        (edited, "training split: other samples (77)", False),
+    ):
+        table.write_text("".join(f"{line}\n" for line in ["a,b,c,target", *rows]))
+        result = run_main("train.py", "-r", str(run_dir), "--epochs", "3")
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert f"the data changed since this checkpoint ({change}); resume on" in result.stderr
+        # test.py --split val checks the validation rows alone.
+        assert run_main("test.py", *test_val).returncode == (2 if val_changed else 0)
+    resumed = run_main("train.py", "-r", str(run_dir), "--epochs", "3", "--allow-data-change")
+    assert resumed.returncode == 0 and "The data changed since" in resumed.stdout + resumed.stderr
