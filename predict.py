@@ -144,8 +144,13 @@ def predict_rows(
     from utils import UserError
 
     rows: list[dict] = []
+    # The training data's input columns, which the inputs are read by (None: an older checkpoint).
+    columns = state.get("feature_names")
+    if columns is None:
+        note = "no feature names (an older checkpoint): columns are read by position"
+        print(f"warning: {args.resume}: {note}", file=sys.stderr)
     for text in args.inputs:
-        names, inputs = loader_class.read_inputs(Path(text), config["data_loader"]["args"])
+        names, inputs = loader_class.read_inputs(Path(text), config["data_loader"]["args"], columns)
         with torch.inference_mode():
             outputs = torch.cat(
                 [
@@ -153,7 +158,9 @@ def predict_rows(
                     for i in range(0, len(inputs), args.batch_size)
                 ]
             )
-        classes = state.get("class_names") or []
+        # A classifier's names, one per output (or indices, with a warning, when they disagree).
+        named = bool(state.get("class_names"))
+        classes = class_labels(state, outputs.shape[1], args.resume) if named else []
         for name, output in zip(names, outputs.float(), strict=True):
             if classes:
                 top = output.softmax(dim=0).topk(min(args.top_k, len(classes)))

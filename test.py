@@ -134,6 +134,7 @@ def evaluate_checkpoint(
             )
         if change is not None:
             logger.warning("%s: the data changed since this checkpoint (%s).", path, change)
+    check_feature_names(state.get("feature_names"), trainer.data.feature_names(), path)
     state["ema_chosen"] = ema = use_averaged_weights(state, weights)
     load_model_state(trainer.model, state, path, ema=ema)
     class_names = trainer.data.class_names()
@@ -171,6 +172,18 @@ def evaluate_checkpoint(
         shown = ["n/a" if scores[key] is None else f"{scores[key]:.4f}" for key in SCORES]
         logger.info("  accuracy of %-10s %s  precision %s  F1 %s", name, *shown)
     return results, draw_confusion_matrix(counts, class_names), state["global_step"]
+
+
+def check_feature_names(saved: list[str] | None, current: list[str], path: Path) -> None:
+    """Refuse data whose feature columns are not the model's, in its order (a table's loader
+    reads them in the file's order). saved None: a checkpoint from before they were kept."""
+    from utils import UserError
+
+    if saved is not None and current != saved:
+        raise UserError(
+            f"{path}: the data's feature columns ({', '.join(current)}) are not the model's, in "
+            f"the order it trained on ({', '.join(saved)})"
+        )
 
 
 def log_to_tensorboard(config: "ConfigParser", tag: str, image: "Image.Image", step: int) -> None:

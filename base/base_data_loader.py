@@ -2,8 +2,7 @@
 
 A subclass says how to load each split (untransformed (image, label) pairs) and which
 transform to apply; this class does the validation split or cross-validation fold, the
-samplers, the loaders, and the checks and summary of the data before training.
-"""
+samplers, the loaders, and the checks and summary of the data before training."""
 
 import abc
 from collections.abc import Callable
@@ -91,6 +90,10 @@ class BaseDataLoader(abc.ABC):
     def class_names(self) -> list[str]:
         """Names of the classes, in label order."""
 
+    def feature_names(self) -> list[str]:
+        """Names of the inputs' columns, in the model's order (a table's features); [] here."""
+        return []
+
     def location(self, split: str) -> str:
         """Where `split` comes from, for messages (subclasses with files name their folder)."""
         return f"the {split!r} split of {type(self).__name__}"
@@ -147,10 +150,9 @@ class BaseDataLoader(abc.ABC):
         return data_splits.holdout_split(num_samples, num_val, self.seed)
 
     def fold_indices(self) -> tuple[np.ndarray, np.ndarray]:
-        """(train, validation) indices of fold `fold` of `folds`.
-
-        The training split is dealt out class by class, in a seeded order, to the folds in turn:
-        disjoint, covering it, sizes and each class's share within one sample (stratified)."""
+        """(train, validation) indices of fold `fold` of `folds`: the training split dealt out
+        class by class, in a seeded order, to the folds in turn: disjoint, covering it, sizes and
+        each class's share within one sample (stratified)."""
         if self.fold is None:
             raise DataError(
                 f"data_loader.args.fold: not set; choose which of the {self.folds} folds "
@@ -186,10 +188,8 @@ class BaseDataLoader(abc.ABC):
         and a digest of which samples it holds (their indices and sample_ids). A checkpoint keeps
         it; a resume, or test.py --split val, on other data is refused (utils/state/resume.py)."""
         digests = {}
-        for name, source in (
-            ("train", ("train", self.split_indices()[0])),
-            ("val", self.validation_source()),
-        ):
+        sources = {"train": ("train", self.split_indices()[0]), "val": self.validation_source()}
+        for name, source in sources.items():
             if source is None:
                 digests[name] = None
                 continue

@@ -3,6 +3,8 @@ pip install scikit-learn: nothing is downloaded). The non-image example of the t
 configs/tabular.json (a regression) and configs/wine.json (a classification)."""
 
 import csv
+import hashlib
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,12 @@ SKLEARN_SETS = {
 TASKS = ("regression", "classification")
 
 
-def read_csv(path: Path, target: str | None) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+def read_csv(
+    path: Path, target: str | None, features: list[str] | None = None
+) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
     """(features float32 (N, F), the `target` column (None without one), feature names) of a CSV
-    file with a header row; every other column is a feature."""
+    file with a header row. The features are the columns named `features`, in that order, the
+    other columns left out; by default every column but the target, in the file's order."""
     try:
         with path.open(newline="", encoding="utf-8") as file:
             rows = list(csv.reader(file))
@@ -36,14 +41,40 @@ def read_csv(path: Path, target: str | None) -> tuple[np.ndarray, np.ndarray | N
     if len(rows) < 2:
         raise DataError(f"{path}: a header row and at least one row of values are needed")
     header, body = rows[0], rows[1:]
+    repeated = [name for name, count in Counter(header).items() if count > 1]
+    if repeated:
+        raise DataError(f"{path}: two columns are named {repeated[0]!r}")
+    columns = [name for name in header if name != target] if features is None else features
+    missing = [name for name in columns if name not in header]
+    if missing:
+        raise DataError(
+            f"{path}: no column named {', '.join(map(repr, missing))}: the model reads its "
+            f"{len(columns)} feature columns by name (other columns are left out)"
+        )
+    wanted = [*columns, target] if target in header and target not in columns else columns
+    for line, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise DataError(f"{path}:{line}: {len(row)} values, but the header has {len(header)}")
+    positions = [header.index(name) for name in wanted]
     try:
-        values = np.asarray(body, dtype=np.float64)
+        values = np.asarray([[row[i] for i in positions] for row in body], dtype=np.float64)
     except ValueError:
-        raise DataError(f"{path}: every value must be a number (and every row as long)") from None
-    columns = [name for name in header if name != target]
-    features = values[:, [header.index(name) for name in columns]].astype(np.float32)
-    labels = values[:, header.index(target)] if target in header else None
-    return features, labels, columns
+        raise not_a_number(path, body, dict(zip(wanted, positions, strict=True))) from None
+    labels = values[:, len(columns)] if len(wanted) > len(columns) else None
+    return values[:, : len(columns)].astype(np.float32), labels, columns
+
+
+def not_a_number(path: Path, body: list[list[str]], positions: dict[str, int]) -> DataError:
+    """The error naming the first value of the columns read (name: position) that is not one."""
+    for line, row in enumerate(body, start=2):
+        for name, position in positions.items():
+            try:
+                float(row[position])
+            except ValueError:
+                return DataError(
+                    f"{path}:{line}: column {name!r}: {row[position]!r} is not a number"
+                )
+    return DataError(f"{path}: every value must be a number")
 
 
 class TabularDataLoader(BaseDataLoader):
@@ -83,16 +114,21 @@ class TabularDataLoader(BaseDataLoader):
         self.csv, self.sklearn, self.target, self.task = csv, sklearn, target, task
         self.test_split = test_split
         self._table: tuple[np.ndarray, np.ndarray] | None = None
+        self._classes: list[str] = []
+        self._features: list[str] = []
+        self._row_ids: list[str] = []
 
     def location(self, split: str) -> str:
         source = self.csv if self.csv is not None else f"scikit-learn's {self.sklearn} data"
         return f"{source} ({split} split)"
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
-        """(features float32 (N, F), targets (N,)) of every row, read once."""
+        """(features float32 (N, F), targets (N,)) of every row, read once: a regression's values,
+        a classification's class indices 0..K-1, the label values in sorted order (class_names
+        keeps the values: labels 1..3 are classes 0..2 named "1", "2", "3")."""
         if self._table is None:
             if self.csv is not None:
-                features, targets, _ = read_csv(Path(self.csv), self.target)
+                features, targets, self._features = read_csv(Path(self.csv), self.target)
                 if targets is None:
                     raise DataError(
                         f"{self.csv}: no column named {self.target!r} (data_loader.args.target)"
@@ -107,15 +143,29 @@ class TabularDataLoader(BaseDataLoader):
                     ) from None
                 bundle = getattr(datasets, f"load_{self.sklearn}")()
                 features, targets = bundle.data.astype(np.float32), bundle.target
+                self._features = [str(name) for name in bundle.feature_names]
+            self._row_ids = row_digests(features, targets)
+            if self.task == "classification":
+                values, targets = np.unique(targets, return_inverse=True)
+                self._classes = [label_name(float(value)) for value in values]
             self._table = features, targets
         return self._table
 
+    def rows(self, split: str) -> np.ndarray:
+        """The rows of the table that `split` holds, in order."""
+        num_rows = len(self.table()[0])
+        # Its own seed, apart from the validation split's: the test rows never train.
+        train, test = holdout_split(num_rows, round(num_rows * self.test_split), self.seed + 1)
+        return train if split == "train" else test
+
+    def sample_ids(self, split: str) -> list[str]:
+        """A digest of each row of `split` (its features and target as read), for fingerprint():
+        a resume refuses rows re-sorted, replaced or edited since its checkpoint."""
+        return [self._row_ids[row] for row in self.rows(split)]
+
     def load_split(self, split: str) -> Dataset:
         features, targets = self.table()
-        num_test = round(len(features) * self.test_split)
-        # Its own seed, apart from the validation split's: the test rows never train.
-        train, test = holdout_split(len(features), num_test, self.seed + 1)
-        rows = train if split == "train" else test
+        rows = self.rows(split)
         inputs = torch.from_numpy(features[rows])  # (N, F) float32
         if self.task == "regression":
             labels = torch.from_numpy(targets[rows].astype(np.float32)).unsqueeze(1)  # (N, 1)
@@ -129,15 +179,26 @@ class TabularDataLoader(BaseDataLoader):
         return identity  # numbers are used as they are; the model standardises them
 
     def class_names(self) -> list[str]:
-        if self.task == "regression":
-            return []
-        return [str(label) for label in sorted({int(value) for value in self.table()[1]})]
+        self.table()  # the names are the label values it reads
+        return list(self._classes)
+
+    def feature_names(self) -> list[str]:
+        """The feature columns' names (the CSV's, or the bundled set's), in the model's order."""
+        self.table()
+        return list(self._features)
 
     @classmethod
-    def read_inputs(cls, path: Path, args: dict) -> tuple[list[str], torch.Tensor]:
-        """predict.py: the rows of a CSV file with the training data's feature columns (a target
-        column, when there, is left out): (a name per row, features float32 (N, F))."""
-        features, _, _ = read_csv(path, args.get("target", "target"))
+    def read_inputs(
+        cls, path: Path, args: dict, feature_names: list[str] | None
+    ) -> tuple[list[str], torch.Tensor]:
+        """predict.py: the rows of a CSV file, (a name per row, features float32 (N, F)). The
+        features are the training data's columns, by name (`feature_names`, which the checkpoint
+        keeps), in the model's order; other columns are left out. A checkpoint from before the
+        names were kept gives None: then every column but the target, by position."""
+        if feature_names is not None:
+            features, _, _ = read_csv(path, None, feature_names)
+        else:
+            features, _, _ = read_csv(path, args.get("target", "target"))
         return [f"{path}:{row + 2}" for row in range(len(features))], torch.from_numpy(features)
 
     @classmethod
@@ -149,3 +210,17 @@ class TabularDataLoader(BaseDataLoader):
 
 def identity(values: Any) -> Any:
     return values
+
+
+def row_digests(features: np.ndarray, targets: np.ndarray) -> list[str]:
+    """A short hash of each row's bytes: its features (float32) and its target (float64)."""
+    shape = len(features), features.shape[1] * 4
+    cells = np.ascontiguousarray(features, dtype=np.float32).view(np.uint8).reshape(shape)
+    values = np.ascontiguousarray(targets, dtype=np.float64).view(np.uint8).reshape(-1, 8)
+    rows = np.concatenate([cells, values], axis=1)  # (N, 4 F + 8) bytes
+    return [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in rows]
+
+
+def label_name(value: float) -> str:
+    """A class's name: its label value as the CSV would write it ("3", not "3.0"; "0.5")."""
+    return str(int(value)) if value.is_integer() else repr(value)

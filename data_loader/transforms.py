@@ -168,7 +168,7 @@ def evaluation_transform(loader_class: type, loader_args: dict) -> Callable:
             f"{loader_class.__name__} says neither how its inputs are made nor how to read new "
             "ones, which predict.py and export.py rebuild from the checkpoint alone: for images, "
             "set its class attribute `preset` (data_loader/transforms.py); for other data, give "
-            "it the classmethods read_inputs(path, args) and example_inputs(args, model, "
-            "batch_size), as TabularDataLoader does (docs/predict-export.md)"
+            "it the classmethods read_inputs(path, args, feature_names) and example_inputs(args, "
+            "model, batch_size), as TabularDataLoader does (docs/predict-export.md)"
         )
     return preset_transform(preset, False, loader_args)

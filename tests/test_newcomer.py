@@ -293,7 +293,9 @@ def test_predict_and_export_refuse_data_that_says_nothing_of_its_inputs_in_one_l
     torch.save({"model": model.state_dict(), "config": config, "epoch": 1}, tmp_path / "d.pth")
     result = run_main("export.py", "-r", str(tmp_path / "d.pth"), "--out", str(tmp_path / "x.pt2"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert "read_inputs(path, args) and example_inputs(args, model, batch_size)" in result.stderr
+    assert "read_inputs(path, args, feature_names) and example_inputs(args, model, batch_size)" in (
+        result.stderr
+    )
 
 
 # --- 7. progress a pipe can read -----------------------------------------------------------------

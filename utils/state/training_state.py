@@ -136,8 +136,9 @@ def checkpoint_state(trainer: "BaseTrainer", metrics: dict[str, float]) -> tuple
         "data": trainer.data_fingerprint,
         # The weights the monitor judged: test.py, predict.py and export.py load these.
         "weights": "ema" if monitored.startswith("val/ema_") else "model",
-        # predict.py names its predictions with these, without the training data.
+        # predict.py names its predictions with these, and reads a table's columns by name.
         "class_names": trainer.data.class_names(),
+        "feature_names": trainer.data.feature_names(),
         # One per rank, in rank order: after a mid-epoch resume each rank draws its own
         # dropout and augmentation again, not rank 0's.
         "rng": gather_objects(get_rng_state(trainer.device)),

@@ -1,0 +1,289 @@
+"""Tables (data_loader/tabular.py) as a user's CSV file holds them: class labels that are any
+numbers, columns in any order beside others the model never saw, and rows edited between a
+run and its resume (issue 31, items 3 to 5).
+
+The properties (hypothesis) check the loader and predict.py's reader on many tables; one plain
+run per item trains, predicts or resumes through the entry points, in-process (run_main)."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import NUM_EXAMPLES, ROOT, run_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from data_loader.tabular import TabularDataLoader
+
+
+def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def csv_config(tmp_path: Path, table: Path, *, num_classes: int | None = None) -> Path:
+    """configs/tabular.json on the CSV file `table` (a classification with num_classes), 2
+    epochs of a small MLP, its outputs under tmp_path/saved."""
+    config = json.loads((ROOT / "configs/tabular.json").read_text())
+    task = "regression" if num_classes is None else "classification"
+    config["data_loader"]["args"] = {
+        "csv": str(table),
+        "task": task,
+        "test_split": 0.2,
+        "validation_split": 0.2,
+        "batch_size": 16,
+    }
+    config["arch"]["args"] = {"in_features": 3, "hidden": [16], "num_classes": num_classes}
+    if num_classes is not None:
+        config.update(loss="cross_entropy", metrics=["accuracy"])
+        config["trainer"]["monitor"] = "max val/accuracy"
+    config["trainer"].update(epochs=2, save_dir=str(tmp_path / "saved"), save_period=1)
+    path = tmp_path / f"{table.stem}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def features(num_rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(num_rows, 3)).round(4)
+
+
+# --- item 3: class labels are any numbers --------------------------------------------------------
+
+
+def classes_of(path: Path) -> tuple[TabularDataLoader, dict[str, list[int]]]:
+    """The loader of a classification CSV whose first feature is the row's number, and per split
+    the class index of each of its samples, by row number."""
+    data = TabularDataLoader(csv=str(path), task="classification", batch_size=4, seed=0)
+    labels = {}
+    for split in data.splits:
+        dataset = data.dataset(split)
+        by_row = {int(row[0]): int(label) for row, label in dataset}
+        labels[split] = [by_row[row] for row in sorted(by_row)]
+    return data, labels
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_class_labels_are_invariant_to_an_offset_of_the_label_values(tmp_path, num_examples):
+    @settings(max_examples=num_examples)
+    @given(
+        labels=st.lists(st.integers(-5, 20), min_size=5, max_size=40),
+        offset=st.integers(-1000, 1000),
+    )
+    def check(labels: list[int], offset: int) -> None:
+        tables = []
+        for name, shift in (("labels", 0), ("shifted", offset)):
+            rows = [[row, 0.5, label + shift] for row, label in enumerate(labels)]
+            tables.append(
+                classes_of(write_csv(tmp_path / f"{name}.csv", ["row", "x", "target"], rows))
+            )
+        (data, indices), (shifted_data, shifted_indices) = tables
+        values = sorted(set(labels))
+        # Classes 0..K-1, one per label value in sorted order, named by the value.
+        assert data.class_names() == [str(value) for value in values]
+        assert shifted_data.class_names() == [str(value + offset) for value in values]
+        assert indices == shifted_indices
+        for split in data.splits:
+            rows = sorted(int(row[0]) for row, _ in data.dataset(split))
+            names = [data.class_names()[index] for index in indices[split]]
+            assert names == [str(labels[row]) for row in rows]
+
+    check()
+
+
+def test_labels_1_to_3_train_3_classes_and_predict_prints_the_labels(tmp_path):
+    x = features(120)
+    labels = 1 + (x[:, 0] > 0) + (x[:, 1] > 0.5)  # classes 1, 2 and 3
+    rows = x[:8].tolist()
+    inputs = write_csv(tmp_path / "rows.csv", ["a", "b", "c"], rows)
+    predicted = []
+    for offset in (0, 10):
+        name = f"labels{offset}"
+        table = [[*row, int(label) + offset] for row, label in zip(x.tolist(), labels, strict=True)]
+        table_path = write_csv(tmp_path / f"{name}.csv", ["a", "b", "c", "target"], table)
+        config = csv_config(tmp_path, table_path, num_classes=3)
+        trained = run_main("train.py", "-c", str(config), "--run-id", name)
+        assert trained.returncode == 0, trained.stderr
+        best = tmp_path / "saved" / "models" / "Diabetes_MLP" / name / "model_best.pth"
+        out = tmp_path / f"{name}-predicted.json"
+        result = run_main("predict.py", "-r", str(best), str(inputs), "--out", str(out))
+        assert result.returncode == 0 and not result.stderr, result.stderr
+        predicted.append(json.loads(out.read_text()))
+    plain, shifted = predicted
+    assert all(set(row["labels"]) == {"1", "2", "3"} for row in plain)
+    # The same model (the same classes 0..2, seed and rows), named by each file's labels.
+    for row, other in zip(plain, shifted, strict=True):
+        assert other["labels"] == [str(int(label) + 10) for label in row["labels"]]
+        assert other["probabilities"] == row["probabilities"]
+    # A checkpoint whose names do not fit its outputs (one trained before the fix with labels
+    # 1..3 has 4 outputs, 3 names): class indices and a warning, not an IndexError.
+    best = tmp_path / "saved" / "models" / "Diabetes_MLP" / "labels0" / "model_best.pth"
+    state = torch.load(best, weights_only=True)
+    state["class_names"] = state["class_names"][1:]
+    torch.save(state, tmp_path / "older.pth")
+    result = run_main("predict.py", "-r", str(tmp_path / "older.pth"), str(inputs))
+    assert result.returncode == 0 and "2 class names for 3 outputs" in result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines()] == [
+        str(["1", "2", "3"].index(row["labels"][0])) for row in plain
+    ]
+
+
+# --- item 4: predict.py reads the features by name ----------------------------------------------
+
+NAMES = st.text(alphabet="abcdefxyz_ ", min_size=1, max_size=6)
+NUMBERS = st.floats(allow_nan=False, allow_infinity=False, width=32)  # exact in float32
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_rows_read_for_predict_are_invariant_to_column_order_and_extra_columns(
+    tmp_path, num_examples
+):
+    @settings(max_examples=num_examples)
+    @given(
+        names=st.lists(NAMES, min_size=2, max_size=8, unique=True),
+        num_features=st.integers(1, 5),
+        num_rows=st.integers(1, 6),
+        data=st.data(),
+    )
+    def check(names: list[str], num_features: int, num_rows: int, data: st.DataObject) -> None:
+        features = names[:num_features]  # the model's columns; the others are extra
+        row_values = st.lists(NUMBERS, min_size=len(names), max_size=len(names))
+        values = data.draw(st.lists(row_values, min_size=num_rows, max_size=num_rows))
+        # Extra columns (an id, a target, notes) need not hold numbers.
+        cells = [
+            [value if column < num_features or data.draw(st.booleans()) else f"id {row}"
+             for column, value in enumerate(values[row])]
+            for row in range(num_rows)
+        ]  # fmt: skip
+        order = data.draw(st.permutations(range(len(names))))
+        shuffled = [[row[column] for column in order] for row in cells]
+        write_csv(tmp_path / "shuffled.csv", [names[column] for column in order], shuffled)
+        write_csv(tmp_path / "plain.csv", features, [row[:num_features] for row in values])
+        _, expected = TabularDataLoader.read_inputs(tmp_path / "plain.csv", {}, features)
+        assert expected.tolist() == [row[:num_features] for row in values]
+        _, inputs = TabularDataLoader.read_inputs(tmp_path / "shuffled.csv", {}, features)
+        assert torch.equal(inputs, expected)
+
+    check()
+
+
+def test_predict_reads_reordered_columns_beside_an_id_and_names_a_missing_one(tmp_path):
+    x = features(120)
+    table = write_csv(tmp_path / "table.csv", ["a", "b", "c", "target"],
+                      [[*row, row[0] + 2 * row[1] - row[2] + 3] for row in x.tolist()])  # fmt: skip
+    trained = run_main("train.py", "-c", str(csv_config(tmp_path, table)), "--run-id", "r")
+    assert trained.returncode == 0, trained.stderr
+    best = tmp_path / "saved" / "models" / "Diabetes_MLP" / "r" / "model_best.pth"
+    assert torch.load(best, weights_only=True)["feature_names"] == ["a", "b", "c"]
+    rows = x[:4].tolist()
+    plain = write_csv(tmp_path / "plain.csv", ["a", "b", "c"], rows)
+    # The columns in another order, an id of text and a target column the model never reads.
+    other = write_csv(tmp_path / "other.csv", ["id", "c", "target", "a", "b"],
+                      [[f"p{i}", c, 0, a, b] for i, (a, b, c) in enumerate(rows)])  # fmt: skip
+    printed = []
+    for sheet in (plain, other):
+        result = run_main("predict.py", "-r", str(best), str(sheet))
+        assert result.returncode == 0 and not result.stderr, result.stderr
+        printed.append([line.split()[1] for line in result.stdout.splitlines()])
+    assert printed[0] == printed[1] and len(printed[0]) == 4
+    missing = write_csv(tmp_path / "missing.csv", ["a", "c"], [[a, c] for a, _, c in rows])
+    result = run_main("predict.py", "-r", str(best), str(missing))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert f"{missing}: no column named 'b': the model reads its 3 feature columns by name" in (
+        result.stderr
+    )
+    # A checkpoint from before the names were kept reads by position, and says so.
+    state = torch.load(best, weights_only=True)
+    del state["feature_names"]
+    torch.save(state, tmp_path / "older.pth")
+    result = run_main("predict.py", "-r", str(tmp_path / "older.pth"), str(plain))
+    assert "no feature names (an older checkpoint): columns are read by position" in result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines()] == printed[0]
+    # test.py reads the run's own file: its columns reordered are refused, not misread.
+    lines = table.read_text().splitlines()
+    swapped = [[cells[i] for i in (2, 1, 0, 3)] for cells in (line.split(",") for line in lines)]
+    table.write_text("".join(",".join(cells) + "\n" for cells in swapped))
+    result = run_main("test.py", "-r", str(best))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    expected = "feature columns (c, b, a) are not the model's, in the order it trained on (a, b, c)"
+    assert expected in result.stderr
+
+
+# --- item 5: a resume refuses rows re-sorted or edited ------------------------------------------
+
+
+def held_rows(path: Path) -> tuple[list, list]:
+    """The loader of a regression CSV, and the rows (features and target) its training and its
+    validation share hold, in order."""
+    data = TabularDataLoader(csv=str(path), batch_size=4, seed=0, validation_split=0.25)
+    inputs, targets = data.dataset("train").tensors
+    rows = torch.cat([inputs, targets], dim=1)
+    return data, [rows[indices].tolist() for indices in data.split_indices()]
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_fingerprint_changes_exactly_when_the_rows_that_train_or_validate_do(
+    tmp_path, num_examples
+):
+    @settings(max_examples=num_examples)
+    @given(
+        num_rows=st.integers(4, 30),
+        num_columns=st.integers(2, 4),
+        edit=st.sampled_from(["sort", "permute", "value"]),
+        data=st.data(),
+    )
+    def check(num_rows: int, num_columns: int, edit: str, data: st.DataObject) -> None:
+        cell = st.integers(-3, 3)  # few values: equal rows and no-op edits come up too
+        row = st.lists(cell, min_size=num_columns, max_size=num_columns)
+        table = data.draw(st.lists(row, min_size=num_rows, max_size=num_rows))
+        header = [*(f"x{i}" for i in range(num_columns - 1)), "target"]
+        before = held_rows(write_csv(tmp_path / "before.csv", header, table))
+        if edit == "sort":
+            edited = sorted(table)
+        elif edit == "permute":
+            edited = [table[i] for i in data.draw(st.permutations(range(num_rows)))]
+        else:
+            edited = [list(values) for values in table]
+            edited[data.draw(st.integers(0, num_rows - 1))][
+                data.draw(st.integers(0, num_columns - 1))
+            ] = data.draw(cell)
+        after = held_rows(write_csv(tmp_path / "after.csv", header, edited))
+        same_data = before[1] == after[1]
+        assert (before[0].fingerprint() == after[0].fingerprint()) == same_data
+
+    check()
+
+
+def test_a_resume_refuses_rows_re_sorted_or_one_value_changed_unless_allowed(tmp_path):
+    x = features(120)
+    lines = [",".join(map(str, [*row, row[0] - row[2]])) for row in x.tolist()]
+    table = tmp_path / "table.csv"
+    table.write_text("".join(f"{line}\n" for line in ["a,b,c,target", *lines]))
+    config = csv_config(tmp_path, table)
+    assert run_main("train.py", "-c", str(config), "--run-id", "r").returncode == 0
+    run_dir = tmp_path / "saved" / "models" / "Diabetes_MLP" / "r"
+    data = TabularDataLoader(csv=str(table), batch_size=16, seed=0, validation_split=0.2)
+    training_features = data.dataset("train").tensors[0][data.split_indices()[0][0]].numpy()
+    first_training_row = int(np.abs(x - training_features).sum(axis=1).argmin())
+    edited = list(lines)
+    cells = edited[first_training_row].split(",")
+    edited[first_training_row] = ",".join([cells[0], "7.5", *cells[2:]])
+    test_val = ["-r", str(run_dir / "model_best.pth"), "--split", "val"]
+    both = "training split: other samples (77); validation split: other samples (19)"
+    for rows, change, val_changed in (
+        (sorted(lines), both, True),
+        (edited, "training split: other samples (77)", False),
+    ):
+        table.write_text("".join(f"{line}\n" for line in ["a,b,c,target", *rows]))
+        result = run_main("train.py", "-r", str(run_dir), "--epochs", "3")
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert f"the data changed since this checkpoint ({change}); resume on" in result.stderr
+        # test.py --split val checks the validation rows alone.
+        assert run_main("test.py", *test_val).returncode == (2 if val_changed else 0)
+    resumed = run_main("train.py", "-r", str(run_dir), "--epochs", "3", "--allow-data-change")
+    assert resumed.returncode == 0 and "The data changed since" in resumed.stdout + resumed.stderr
