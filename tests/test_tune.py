@@ -1,0 +1,121 @@
+"""tune.py --lr-range (issue 35): the suggestion rule on problems whose good learning rates are
+known, the range test through the engine restoring every state it touched, and the command end
+to end (its files, its --set line, its refusal to touch an existing folder)."""
+
+import argparse
+import csv
+import json
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import NUM_EXAMPLES, ROOT, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from base.tuning import lr_range_test
+from build import build_trainer
+from parse_config import ConfigParser
+from utils.distributed.process_group import process_info
+from utils.optim.lr_range import geometric, run_range_test
+from utils.util import get_rng_state
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_suggestion_is_a_good_rate_of_gradient_descent_on_a_quadratic(num_examples):
+    """Gradient descent on sum(c_i w_i^2) / 2 converges for lr < 2 / max(c), fastest near
+    1 / max(c): whatever the scale, the spread of curvatures and some noise in the losses, the
+    suggestion lies in [0.2, 2) / max(c)."""
+
+    @settings(max_examples=num_examples)
+    @given(
+        log_top=st.floats(-2, 3), log_spread=st.floats(1, 3), noise=st.floats(0, 0.02),
+        seed=st.integers(0, 2**16),
+    )  # fmt: skip
+    def check(log_top: float, log_spread: float, noise: float, seed: int) -> None:
+        top = 10**log_top
+        curvatures = torch.logspace(log_top - log_spread, log_top, 30, dtype=torch.float64)
+        weights = torch.ones(30, dtype=torch.float64)
+        generator = torch.Generator().manual_seed(seed)
+
+        def step(lr: float) -> float:
+            nonlocal weights
+            loss = float(0.5 * (curvatures * weights**2).sum())
+            weights = weights - lr * curvatures * weights
+            return loss * (1 + noise * float(torch.randn((), generator=generator)))
+
+        result = run_range_test(step, geometric(1e-5 / top, 100 / top, 100))
+        assert result.stopped in ("diverged", "not finite")  # it went past 2 / max(c)
+        assert result.suggestion is not None and 0.2 <= result.suggestion * top < 2
+
+    check()
+
+
+def test_a_flat_curve_suggests_nothing():
+    result = run_range_test(lambda lr: 1.0, geometric(1e-6, 1.0, 50))
+    assert result.suggestion is None and result.stopped == "done"
+
+
+def demo_config(tmp_path: Path) -> Path:
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"]["tensorboard"] = False
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_the_range_test_trains_at_each_rate_and_restores_every_state(tmp_path: Path):
+    config = ConfigParser.from_args(argparse.Namespace(config=str(demo_config(tmp_path))))
+    device = torch.device("cpu")
+    trainer = build_trainer(config, process_info(), device, logging.getLogger("test"))
+    before = {
+        "model": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "optimizer": repr(trainer.optimizer.state_dict()),
+        "rng": get_rng_state(device),
+    }
+    rates, seen = geometric(1e-4, 1.0, 6), []
+    trainer.optimizer.register_step_pre_hook(
+        lambda optimizer, *_: seen.append(optimizer.param_groups[0]["lr"])
+    )
+    moved = []
+    trainer.optimizer.register_step_post_hook(
+        lambda *_: moved.append(trainer.model.state_dict()["features.0.0.weight"].clone())
+    )
+    result = lr_range_test(trainer, rates)
+    assert seen == pytest.approx(rates[: len(seen)]) and len(seen) == len(result.lrs) >= 3
+    assert not torch.equal(moved[-1], before["model"]["features.0.0.weight"])  # it trained
+    for key, value in trainer.model.state_dict().items():
+        assert torch.equal(value, before["model"][key]), key
+    assert repr(trainer.optimizer.state_dict()) == before["optimizer"]
+    after = get_rng_state(device)
+    assert torch.equal(after["torch"], before["rng"]["torch"])
+    assert after["python"] == before["rng"]["python"]
+
+
+def test_tune_py_writes_the_curve_and_prints_the_set_line(tmp_path: Path):
+    config = demo_config(tmp_path)
+    command = [sys.executable, "tune.py", "-c", str(config), "--lr-range", "--steps", "12",
+               "--min-lr", "1e-5", "--max-lr", "10", "--run-id", "lr"]  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "lr"
+    with (out / "lr_range.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    rates = [float(row["lr"]) for row in rows]
+    assert 3 <= len(rows) <= 12 and rates == sorted(rates) and rates[0] == pytest.approx(1e-5)
+    assert all(math.isfinite(float(row["loss"])) for row in rows)
+    assert Image.open(out / "lr_range.png").size == (640, 400)
+    assert list(out.glob("events.out.tfevents.*"))
+    lines = [line for line in result.stdout.splitlines() if "--set optimizer.args.lr=" in line]
+    assert len(lines) == 1 or "No descent of the loss" in result.stdout + result.stderr
+    # Again into the same folder: refused in one line, the first test's files kept.
+    kept = {path.name: path.read_bytes() for path in out.iterdir()}
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert again.returncode == 2 and again.stderr.strip().endswith("choose another --run-id")
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == kept

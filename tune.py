@@ -1,0 +1,140 @@
+"""Tune a config before training it: the learning-rate range test (docs/performance.md).
+
+python tune.py -c configs/demo.json --lr-range               # the LR range test, a suggested lr
+torchrun --standalone --nproc_per_node=2 tune.py -c config.json --lr-range
+"""
+
+import argparse
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported in main(), after parsing, so that --help answers at once
+    from pathlib import Path
+
+    import torch
+
+    from parse_config import ConfigParser
+    from utils.distributed.process_group import ProcessInfo
+    from utils.optim.lr_range import RangeTest
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Tune a config: the learning-rate range test.")
+    add = parser.add_argument
+    # fmt: off
+    add("-c", "--config", required=True, help="config file")
+    add("--lr-range", action="store_true", required=True,
+        help="the learning-rate range test: a curve of the loss and a suggested optimizer.args.lr")
+    add("--steps", type=int, default=100, help="optimizer steps at most (default 100)")
+    add("--min-lr", type=float, default=1e-7, help="the first learning rate (default 1e-7)")
+    add("--max-lr", type=float, default=10.0, help="the last learning rate (default 10)")
+    add("-d", "--device", help="GPUs to use, e.g. 0 (sets CUDA_VISIBLE_DEVICES)")
+    add("--run-id", help="name of the output folder under saved/log/<name>/ (default: the time)")
+    add("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config key")
+    # fmt: on
+    args = parser.parse_args(argv)
+    if args.steps < 3 or not 0 < args.min_lr < args.max_lr:
+        parser.error("--steps must be >= 3 and 0 < --min-lr < --max-lr")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import os
+
+    from parse_config import ConfigParser
+    from utils import UserError
+    from utils.distributed.device import gpu_indices
+
+    try:
+        if args.device is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
+        run(ConfigParser.from_args(args), args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(config: "ConfigParser", args: argparse.Namespace) -> None:
+    from logger import setup_logging
+    from utils.distributed.device import run_device, use_device
+    from utils.distributed.process_group import barrier, process_group, process_info
+
+    info = process_info()
+    setup_logging(None, verbosity=config["trainer"]["verbosity"], rank=info.rank)
+    device = run_device(config, logging.getLogger("tune"), info)
+    use_device(device)
+    distributed = config["distributed"]
+    with process_group(info, distributed["backend"], device, distributed["timeout"]):
+        tune_lr(config, info, device, args)
+        barrier()
+
+
+def tune_lr(
+    config: "ConfigParser", info: "ProcessInfo", device: "torch.device", args: argparse.Namespace
+) -> None:
+    from base.tuning import lr_range_test
+    from build import build_trainer
+    from utils import UserError, configure_torch, seed_everything
+    from utils.distributed.process_group import broadcast_object
+    from utils.optim.lr_range import geometric
+    from utils.state.run_folder import default_run_id
+
+    logger = logging.getLogger("tune")
+    seed_everything(config["seed"])
+    configure_torch(config["trainer"], device)
+    if not config.run_id_given:
+        config.run_id = default_run_id(config.run_id, broadcast_object)
+    out = config.log_dir
+    if out.exists() and any(out.iterdir()):  # another run's, or an earlier test's: kept
+        raise UserError(f"{out}: already exists; choose another --run-id")
+    trainer = build_trainer(config, info, device, logger)
+    trainer.check_first_batch()
+    group = trainer.optimizer.param_groups[0]
+    base_lr = group.get("initial_lr", group["lr"])  # before a warmup's first factor
+    result = lr_range_test(trainer, geometric(args.min_lr, args.max_lr, args.steps))
+    if info.is_main:
+        save_outputs(result, out)
+        report(result, config, base_lr, out, logger)
+
+
+def save_outputs(result: "RangeTest", out: "Path") -> None:
+    """lr_range.csv, lr_range.png and TensorBoard's lr_range/ tags in `out`."""
+    from logger.visualization import TensorboardLogger
+    from utils.evaluation.confusion import image_tensor
+    from utils.optim.lr_range import draw, write_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(result, out / "lr_range.csv")
+    image = draw(result)
+    image.save(out / "lr_range.png")
+    board = TensorboardLogger(out)
+    for step, values in enumerate(zip(result.lrs, result.losses, result.smoothed, strict=True)):
+        tags = ("lr_range/lr", "lr_range/loss", "lr_range/smoothed_loss")
+        board.log_scalars(dict(zip(tags, values, strict=True)), step)
+    board.log_image("lr_range/curve", image_tensor(image), len(result.lrs))
+    board.close(finished=True)
+
+
+def report(
+    result: "RangeTest", config: "ConfigParser", base_lr: float, out: "Path", logger: logging.Logger
+) -> None:
+    """The suggestion, as the --set line that gives it for this config."""
+    logger.info(
+        "Learning-rate range test: %d steps from %.3g to %.3g (%s). Curve: %s",
+        len(result.lrs), result.lrs[0], result.lrs[-1], result.stopped, out / "lr_range.png",
+    )  # fmt: skip
+    if result.suggestion is None:
+        logger.warning("No descent of the loss to read: lower --min-lr or raise --steps.")
+        return
+    # optimizer.args.lr maps to the first group's rate by a fixed factor (reference_batch_size,
+    # a group's own rate): the same factor maps the suggestion back.
+    config_lr = config["optimizer"]["args"]["lr"] * result.suggestion / base_lr
+    print(f"Suggested learning rate {result.suggestion:.4g} (the steepest descent of the loss):")
+    print(f"  --set optimizer.args.lr={config_lr:.4g}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
