@@ -18,6 +18,7 @@ for both otherwise. None reads a value back to the host or makes a tensor whose 
 on the data (a boolean mask's, bincount's), so a step never waits for the GPU.
 """
 
+import fractions
 import math
 
 import torch
@@ -83,22 +84,46 @@ class RMSE(StatefulMetric):
 
 class R2(StatefulMetric):
     """Coefficient of determination over all values of the epoch, 1 - SSE / SST (scikit-learn's
-    r2_score for one output): SST = sum y^2 - (sum y)^2 / n, from sums that add up over ranks."""
+    r2_score for one output), output and target of one shape.
 
-    num_sums = 4
+    SST = sum y^2 - (sum y)^2 / n cancels when the targets' mean is large against their spread:
+    at mean 1e4 and spread 1, float64 sums keep 8 of its digits, at 1e6 four. So each target is
+    split into a high and a low part of 12 significant bits (Dekker's split): a product of two
+    parts has at most 24 bits, and the sums of them over a batch, the epoch and the ranks are
+    exact in float64 for targets of one magnitude, which is when SST cancels (targets spread
+    over magnitudes make SST large against the rounding). compute() subtracts exactly, in
+    fractions. Exact for targets of float32 or narrower (what the engine's checked data gives);
+    on a device without float64 (MPS), as float32 sums allow.
+    """
+
+    num_sums = 7  # SSE, n, the sums of high, low, high^2, high x low and low^2
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         check_same_shape(output, target, "R2")
-        output, target = output.reshape(-1), target.reshape(-1)
-        squared_errors = (output - target).square().sum()
+        dtype = sum_dtype(target.device)
+        output, target = output.to(dtype).reshape(-1), target.to(dtype).reshape(-1)
+        high, low = split(target)
         return torch.stack(
-            [squared_errors, target.sum(), target.square().sum(), torch.ones_like(target).sum()]
+            [
+                (output - target).square().sum(),
+                target.new_full((), target.numel()),
+                high.sum(),
+                low.sum(),
+                high.square().sum(),
+                (high * low).sum(),
+                low.square().sum(),
+            ]
         )
 
     def compute(self, sums: list[float]) -> float:
-        squared_errors, total, squares, count = sums
-        spread = squares - total * total / count
-        return 1.0 - squared_errors / spread if spread > 0 else float("nan")
+        squared_errors, count, high, low, high_squares, products, low_squares = (
+            fractions.Fraction(value) for value in sums
+        )
+        if count == 0:
+            return float("nan")
+        total = high + low
+        spread = high_squares + 2 * products + low_squares - total * total / count  # SST
+        return float(1 - squared_errors / spread) if spread > 0 else float("nan")
 
 
 class F1(StatefulMetric):
@@ -130,6 +155,16 @@ class F1(StatefulMetric):
             2 * tp / (p + a) for tp, p, a in zip(hits, predicted, actual, strict=True) if p + a
         ]
         return sum(scores) / len(scores) if scores else float("nan")
+
+
+def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) with values = high + low exactly, high rounded to 12 significant bits (Dekker's
+    split); for float32 values held in float64, low has at most 12 bits too."""
+    significant_bits = 1 - int(math.log2(torch.finfo(values.dtype).eps))  # 53 for float64
+    factor = 2.0 ** (significant_bits - 12) + 1
+    scaled = values * factor
+    high = scaled - (scaled - values)
+    return high, values - high
 
 
 def share_per_sample(hits: torch.Tensor) -> torch.Tensor:
