@@ -50,6 +50,7 @@ def top_5_acc(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def top_k_share(output: torch.Tensor, target: torch.Tensor, k: int, name: str) -> torch.Tensor:
+    """top_k_acc's sum; `name` is the metric's, for the message that refuses other shapes."""
     check_class_scores(output, target, name)
     top_k = output.topk(min(k, output.shape[1]), dim=1).indices  # (B, k, ...)
     return share_per_sample((top_k == target.unsqueeze(1)).any(dim=1))
