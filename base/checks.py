@@ -1,13 +1,17 @@
 """What the engine checks of the data and the model before anything is written: the first
-training batch, through the task's own training_step (a mistake in the data's dtypes or shapes
-then stops the run in one line, not after an epoch, nor by training on nothing)."""
+training batch, through the task's own training_step and the metrics, and through
+validation_step's test-time augmentation (a mistake in the data's dtypes or shapes then stops
+the run in one line, not after an epoch, nor by training on nothing)."""
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from base.evaluation import averaged_over_views
 from utils import unwrap_model
 from utils.data.batches import to_device
+from utils.evaluation.metric_sums import MetricSums
 from utils.util import DataError, describe_error
 
 if TYPE_CHECKING:
@@ -33,10 +37,12 @@ def describe(batch: Any) -> str:
 
 
 def check_first_batch(trainer: "BaseTrainer") -> None:
-    """One training batch through training_step (no gradients, evaluation mode, the random
-    state untouched): float64 data, float labels for a classifier, and a batch the model or
-    the loss refuses (a RuntimeError or ValueError: a shape or dtype that does not fit) are a
-    DataError naming what came. Any other exception is a bug in your code: it propagates."""
+    """One training batch through training_step and every metric (no gradients, evaluation
+    mode, the random state untouched), and with test-time augmentation through validation_step
+    over the views too: float64 data, float labels for a classifier, a batch the model, the
+    loss or a metric refuses (a RuntimeError or ValueError: a shape or dtype that does not fit)
+    and views that cannot be made or mapped back are a DataError naming what came. Any other
+    exception is a bug in your code: it propagates."""
     loader = trainer.train_loader
     try:
         batch = next(iter(loader))
@@ -56,21 +62,35 @@ def check_first_batch(trainer: "BaseTrainer") -> None:
                 f"{where}: a classifier's labels are class indices, int64 (B,); these are "
                 f"{str(targets.dtype).removeprefix('torch.')}: convert them in the dataset"
             )
-    if trainer.options["compile"]:
-        return  # a forward here would compile a graph of its own, for nothing
-    model = trainer.model
+    options, model = trainer.options, trainer.model
     training = model.training
+    try:
+        # A compiled model would compile a graph of its own here, for nothing.
+        if not options["compile"]:
+            run_step(trainer, batch, where, trainer.training_step)
+        # The views are checked on this batch (its images' size) rather than after an epoch;
+        # they run the plain model, which compiles nothing.
+        if options["tta_flip"] or options["tta_translate"]:
+            with averaged_over_views(trainer, unwrap_model(model)):
+                run_step(trainer, batch, where, trainer.validation_step)
+    finally:
+        model.train(training)
+
+
+def run_step(trainer: "BaseTrainer", batch: Any, where: str, step: Callable) -> None:
+    """`step` on the batch in evaluation mode without gradients, the random state untouched,
+    and its output through every metric; a RuntimeError or ValueError (what does not fit) is
+    a DataError naming the batch."""
     device = trainer.device
     forked = [device] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=forked), torch.no_grad():
-            model.eval()
+            trainer.model.eval()
             moved = to_device(batch, device, trainer.options["channels_last"])
             with torch.autocast(device.type, trainer.amp_dtype, trainer.amp_dtype is not None):
-                trainer.training_step(moved)
+                result = step(moved)
+            MetricSums(trainer.metric_fns, device).add(result)
     except (RuntimeError, ValueError) as error:
         raise DataError(
-            f"{where} does not fit the model or the loss: {describe_error(error)}"
+            f"{where} does not fit the model, the loss or the metrics: {describe_error(error)}"
         ) from None
-    finally:
-        model.train(training)

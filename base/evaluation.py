@@ -2,9 +2,12 @@
 of the trained and the averaged weights. BaseTrainer.evaluate and .validate call these; test.py
 calls evaluate through its trainer."""
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from utils import unwrap_model
 from utils.data.batches import to_device
@@ -26,17 +29,9 @@ def evaluate(
     test-time augmentation (trainer.tta_*), validation_step's model averages over views."""
     trainer.model.eval()
     sums = MetricSums(trainer.metric_fns, trainer.device)
-    model, options = trainer.model, trainer.options
-    if options["tta_flip"] or options["tta_translate"]:
-        trainer.model = AverageOverViews(
-            model,
-            flip=options["tta_flip"],
-            translate=options["tta_translate"],
-            average=options["tta_average"],
-        )
-    try:
+    with averaged_over_views(trainer, trainer.model):
         for batch in loader:
-            batch = to_device(batch, trainer.device, options["channels_last"])
+            batch = to_device(batch, trainer.device, trainer.options["channels_last"])
             with torch.autocast(
                 trainer.device.type, trainer.amp_dtype, trainer.amp_dtype is not None
             ):
@@ -44,9 +39,27 @@ def evaluate(
             sums.add(result)
             if observe is not None:
                 observe(result)
-    finally:
-        trainer.model = model
     return sums.result(prefix)
+
+
+@contextlib.contextmanager
+def averaged_over_views(trainer: "BaseTrainer", model: nn.Module) -> Iterator[None]:
+    """Inside the block trainer.model is `model` averaged over the views trainer.tta_* name (what
+    validation_step runs); without test-time augmentation, trainer.model as it was."""
+    options, kept = trainer.options, trainer.model
+    if not (options["tta_flip"] or options["tta_translate"]):
+        yield
+        return
+    trainer.model = AverageOverViews(
+        model,
+        flip=options["tta_flip"],
+        translate=options["tta_translate"],
+        average=options["tta_average"],
+    )
+    try:
+        yield
+    finally:
+        trainer.model = kept
 
 
 def validate(trainer: "BaseTrainer") -> dict[str, float]:

@@ -19,7 +19,8 @@
 #      JPEG folder with each pipeline: samples/s, data-wait fraction, val/accuracy);
 #   9. the GPU-marked tests: python -m pytest -q -m gpu (the no-sync tests, fp16 + fused; GPU
 #      JPEG decoding that never overwrites memory queued kernels read, pytorch/vision#9606; the
-#      averaged weights and metric sums without a host sync; cuda:N as the current device);
+#      averaged weights, the metric sums and every shipped metric without a host sync; cuda:N as
+#      the current device);
 #  10. the fast CIFAR-10 recipe (configs/cifar10_fast.json), its whole schedule on the device
 #      pipeline, timed: benchmarks/cifar_recipe.py's per-epoch validation accuracy and seconds
 #      (needs the real training images: ../shared/data/cifar10-train/train.tar.gz or

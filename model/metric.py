@@ -10,37 +10,59 @@ it needs, and its value from the epoch's totals (exact over batches and ranks al
 with torchmetrics' update/compute/reset works too (pip install torchmetrics, then e.g.
 `from torchmetrics.classification import MulticlassAUROC` here and in __all__; its state is
 not in mid-epoch checkpoints).
+
+Each one refuses in one line an output and a target that do not fit, rather than broadcast
+them: class scores (B, C, ...) against class indices (B, ...) for accuracy, top-k and F1 (a
+segmentation's logits (B, C, H, W) against its masks (B, H, W): every pixel counts), one shape
+for both otherwise. None reads a value back to the host or makes a tensor whose size depends
+on the data (a boolean mask's, bincount's), so a step never waits for the GPU.
 """
 
+import fractions
 import math
 
 import torch
 
 from base import StatefulMetric
+from utils.evaluation.metric_sums import sum_dtype
+from utils.util import DataError
 
 __all__ = ["F1", "R2", "RMSE", "accuracy", "psnr", "top_5_acc", "top_k_acc"]
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Number of samples whose top-1 prediction is right. output (B, C), target (B,)."""
-    return (output.argmax(dim=1) == target).sum()
+    """Sum over the batch of each sample's share of right top-1 predictions: 1 or 0 for logits
+    (B, C) against class indices (B,); for (B, C, H, W) against masks (B, H, W), each image's
+    share of right pixels (the epoch's mean is then the share of right pixels, for images of
+    one size)."""
+    check_class_scores(output, target, "accuracy")
+    return share_per_sample(output.argmax(dim=1) == target)
 
 
 def top_k_acc(output: torch.Tensor, target: torch.Tensor, k: int = 3) -> torch.Tensor:
-    """Number of samples whose target is among the k highest scores."""
-    top_k = output.topk(min(k, output.shape[1]), dim=1).indices  # (B, k)
-    return (top_k == target.unsqueeze(1)).any(dim=1).sum()
+    """Sum over the batch of each sample's share of targets among the k highest scores."""
+    return top_k_share(output, target, k, "top_k_acc")
 
 
 def top_5_acc(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Number of samples whose target is among the 5 highest scores (the ImageNet convention)."""
-    return top_k_acc(output, target, k=5)
+    """The same with k = 5 (the ImageNet convention)."""
+    return top_k_share(output, target, 5, "top_5_acc")
+
+
+def top_k_share(output: torch.Tensor, target: torch.Tensor, k: int, name: str) -> torch.Tensor:
+    """top_k_acc's sum; `name` is the metric's, for the message that refuses other shapes."""
+    check_class_scores(output, target, name)
+    top_k = output.topk(min(k, output.shape[1]), dim=1).indices  # (B, k, ...)
+    return share_per_sample((top_k == target.unsqueeze(1)).any(dim=1))
 
 
 def psnr(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Sum over the batch of each image's peak signal-to-noise ratio in dB, for images in [0, 1]:
-    10 log10(1 / mean squared error). output and target (B, C, H, W)."""
-    squared_error = (output.float() - target.float()).square().flatten(1).mean(dim=1)  # (B,)
+    10 log10(1 / mean squared error), at most 100. output and target (B, C, H, W)."""
+    check_same_shape(output, target, "psnr")
+    dtype = sum_dtype(output.device)
+    error = output.to(dtype) - target.to(dtype)
+    squared_error = error.square().reshape(len(error), -1).mean(dim=1)  # (B,)
     return (-10 * torch.log10(squared_error.clamp_min(1e-10))).sum()
 
 
@@ -51,8 +73,10 @@ class RMSE(StatefulMetric):
     num_sums = 2
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        error = (output - target).reshape(-1)  # float32 here; the engine sums in float64
-        return torch.stack([error.square().sum(), torch.ones_like(error).sum()])
+        check_same_shape(output, target, "RMSE")
+        dtype = sum_dtype(output.device)
+        error = output.to(dtype) - target.to(dtype)
+        return torch.stack([error.square().sum(), error.new_full((), error.numel())])
 
     def compute(self, sums: list[float]) -> float:
         squared_errors, count = sums
@@ -61,40 +85,69 @@ class RMSE(StatefulMetric):
 
 class R2(StatefulMetric):
     """Coefficient of determination over all values of the epoch, 1 - SSE / SST (scikit-learn's
-    r2_score for one output): SST = sum y^2 - (sum y)^2 / n, from sums that add up over ranks."""
+    r2_score for one output), output and target of one shape.
 
-    num_sums = 4
+    SST = sum y^2 - (sum y)^2 / n cancels when the targets' mean is large against their spread:
+    at mean 1e4 and spread 1, float64 sums keep 8 of its digits, at 1e6 four. So each target is
+    split into a high and a low part of 12 significant bits (Dekker's split): a product of two
+    parts has at most 24 bits, and the sums of them over a batch, the epoch and the ranks are
+    exact in float64 for targets of one magnitude, which is when SST cancels (targets spread
+    over magnitudes make SST large against the rounding). compute() subtracts exactly, in
+    fractions. Exact for targets of float32 or narrower (what the engine's checked data gives);
+    on a device without float64 (MPS), as float32 sums allow.
+    """
+
+    num_sums = 7  # SSE, n, the sums of high, low, high^2, high x low and low^2
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        output, target = output.reshape(-1), target.reshape(-1)
-        squared_errors = (output - target).square().sum()
+        check_same_shape(output, target, "R2")
+        dtype = sum_dtype(target.device)
+        output, target = output.to(dtype).reshape(-1), target.to(dtype).reshape(-1)
+        high, low = split(target)
         return torch.stack(
-            [squared_errors, target.sum(), target.square().sum(), torch.ones_like(target).sum()]
+            [
+                (output - target).square().sum(),
+                target.new_full((), target.numel()),
+                high.sum(),
+                low.sum(),
+                high.square().sum(),
+                (high * low).sum(),
+                low.square().sum(),
+            ]
         )
 
     def compute(self, sums: list[float]) -> float:
-        squared_errors, total, squares, count = sums
-        spread = squares - total * total / count
-        return 1.0 - squared_errors / spread if spread > 0 else float("nan")
+        squared_errors, count, high, low, high_squares, products, low_squares = (
+            fractions.Fraction(value) for value in sums
+        )
+        if count == 0:
+            return float("nan")
+        total = high + low
+        spread = high_squares + 2 * products + low_squares - total * total / count  # SST
+        return float(1 - squared_errors / spread) if spread > 0 else float("nan")
 
 
 class F1(StatefulMetric):
-    """Macro F1 of a classifier, logits (B, C) against class indices (B,): per class
+    """Macro F1 of a classifier, logits (B, C, ...) against class indices (B, ...): per class
     2TP / (2TP + FP + FN), averaged over the classes that occur as targets or predictions
-    (scikit-learn's f1_score(average="macro"))."""
+    (scikit-learn's f1_score(average="macro") over every element)."""
 
     def __init__(self, num_classes: int) -> None:
         self.num_classes = num_classes
         self.num_sums = 3 * num_classes  # per class: true positives, predicted, actual
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        predicted = output.argmax(dim=1)
-        counts = [
-            torch.bincount(predicted[predicted == target], minlength=self.num_classes),
-            torch.bincount(predicted, minlength=self.num_classes),
-            torch.bincount(target, minlength=self.num_classes),
-        ]
-        return torch.cat([count[: self.num_classes] for count in counts])
+        check_class_scores(output, target, "F1", self.num_classes)
+        predicted = output.argmax(dim=1).reshape(-1)  # (N,): every element's class
+        target = target.reshape(-1).long()
+        classes = self.num_classes
+        # Counted into fixed slots with scatter_add_, as ConfusionMatrix does: a boolean mask's
+        # or bincount's size depends on the data, and reading it would wait for the GPU.
+        slots = torch.cat([predicted, classes + predicted, 2 * classes + target])
+        ones = torch.ones_like(predicted)
+        counts = torch.cat([(predicted == target).long(), ones, ones])
+        sums = torch.zeros(3 * classes, dtype=torch.int64, device=output.device)
+        return sums.scatter_add_(0, slots, counts)
 
     def compute(self, sums: list[float]) -> float:
         classes = self.num_classes
@@ -103,3 +156,53 @@ class F1(StatefulMetric):
             2 * tp / (p + a) for tp, p, a in zip(hits, predicted, actual, strict=True) if p + a
         ]
         return sum(scores) / len(scores) if scores else float("nan")
+
+
+def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) with values = high + low exactly, high rounded to 12 significant bits (Dekker's
+    split); for float32 values held in float64, low has at most 12 bits too."""
+    significant_bits = 1 - int(math.log2(torch.finfo(values.dtype).eps))  # 53 for float64
+    factor = 2.0 ** (significant_bits - 12) + 1
+    scaled = values * factor
+    high = scaled - (scaled - values)
+    return high, values - high
+
+
+def share_per_sample(hits: torch.Tensor) -> torch.Tensor:
+    """The sum over the batch of each sample's share of True in hits (B, ...): its right
+    elements over its number of elements, which is the same for every sample of a batch."""
+    return hits.sum().to(sum_dtype(hits.device)) / math.prod(hits.shape[1:])
+
+
+def check_class_scores(
+    output: torch.Tensor, target: torch.Tensor, name: str, num_classes: int | None = None
+) -> None:
+    """Refuse what is not class scores (B, C, ...) against integer class indices (B, ...)."""
+    fits = (
+        output.dim() >= 2
+        and target.shape == output.shape[:1] + output.shape[2:]
+        and not target.is_floating_point()
+        and num_classes in (None, output.shape[1])
+    )
+    if not fits:
+        classes = "C" if num_classes is None else str(num_classes)
+        raise DataError(
+            f"{name}: needs class scores (B, {classes}, ...) and integer class indices "
+            f"(B, ...), got an output {describe(output)} and a target {describe(target)}"
+        )
+
+
+def check_same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> None:
+    """Refuse an output and a target of other shapes: (B, 1) against (B,) would broadcast to
+    (B, B) and compare every output with every target."""
+    if output.shape != target.shape or output.dim() == 0:
+        raise DataError(
+            f"{name}: needs an output and a target of one shape (B, ...), got {describe(output)}"
+            f" and {describe(target)}; give the target the output's shape (one value a "
+            "sample: (B, 1), e.g. target.unsqueeze(1) in the dataset)"
+        )
+
+
+def describe(tensor: torch.Tensor) -> str:
+    """ "(32, 1) float32": a tensor's shape and dtype, for messages."""
+    return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"

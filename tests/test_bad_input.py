@@ -506,6 +506,23 @@ CASES = [
         "{tmp}/unsafe/checkpoint.pth: refused to load",
         case_id="resume-unsafe",
     ),
+    # Refused at the first batch, before anything is written (issue 31, items 13 and 14): a
+    # shift the images cannot take crashed in reflect padding after a whole epoch; a metric
+    # whose shapes do not fit broadcast (RMSE of logits (B, 10) against labels (B,)).
+    case(
+        "train",
+        lambda env: ["-c", env.config(), "--set", "trainer.tta_translate=32"],
+        "trainer.tta_translate: 32 pixels must be less than the images' height and width, got "
+        "images of 32 x 32",
+        case_id="tta-translate-too-large",
+    ),
+    case(
+        "train",
+        lambda env: ["-c", env.config(**{"metrics": ["accuracy", "RMSE"]})],
+        "RMSE: needs an output and a target of one shape (B, ...), got (32, 10) float32 and "
+        "(32,) int64",
+        case_id="metric-shapes-differ",
+    ),
     # test.py
     case(
         "test",
@@ -530,6 +547,12 @@ CASES = [
         lambda env: ["-r", env.unsafe()],
         "{tmp}/unsafe/checkpoint.pth: refused to load: it references the Python object",
         case_id="test-unsafe",
+    ),
+    case(
+        "test",
+        lambda env: ["-r", env.checkpoint, "--set", "trainer.tta_translate=40"],
+        "trainer.tta_translate: 40 pixels must be less than the images' height and width",
+        case_id="test-tta-translate-too-large",
     ),
     case(
         "test",

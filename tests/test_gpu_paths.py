@@ -1,6 +1,7 @@
 """The resume-related GPU paths on a real GPU (benchmarks/gpu_check.sh runs them; skipped without
 CUDA): JPEGs decoded on the GPU never overwrite memory queued work still reads, the averaged
-weights and the metric sums update without a host sync, and cuda:N becomes the current device."""
+weights, the metric sums and every shipped metric update without a host sync, and cuda:N
+becomes the current device."""
 
 import warnings
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from test_evaluation import CLASSIFICATION, SHIPPED
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
@@ -82,6 +84,26 @@ def test_metric_sums_add_in_float64_without_a_host_sync():
     output = torch.ones(32, device="cuda")
     loss = torch.ones((), device="cuda")
     assert syncs(lambda: sums.add(StepOutput(loss=loss, output=output, target=output), 1)) == []
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_metric_adds_up_without_a_host_sync(name):
+    """Issue 31, item 18: F1's boolean mask and bincount waited for the GPU every step (on the
+    CPU, tests/test_evaluation.py runs each metric on the meta device instead)."""
+    metric = SHIPPED[name]
+    if name in CLASSIFICATION:
+        output = torch.randn(8, 4, 5, 5, device="cuda")
+        target = torch.randint(4, (8, 5, 5), device="cuda")
+    else:
+        output, target = (
+            torch.rand(8, 3, 5, 5, device="cuda"),
+            torch.rand(8, 3, 5, 5, device="cuda"),
+        )
+    sums = MetricSums({name: metric}, torch.device("cuda"))
+    loss = torch.ones((), device="cuda")
+    step = StepOutput(loss=loss, output=output, target=target)
+    sums.add(step, 1)  # the first call may set up what later ones reuse
+    assert syncs(lambda: sums.add(step, 2)) == []
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

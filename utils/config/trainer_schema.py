@@ -142,7 +142,8 @@ class TrainerConfig:
     tta_translate: int = key(
         0,
         NON_NEGATIVE_INT,
-        "...and each view shifted by this many pixels both ways (reflect padding); `0`: not",
+        "...and each view shifted by this many pixels both ways (reflect padding; less than the "
+        "images' height and width); `0`: not",
     )
     tta_average: str = key(
         "logits",

@@ -16,6 +16,12 @@ from utils.distributed.process_group import all_reduce_max, all_reduce_sum
 MetricFn = Callable[[Any, Any], torch.Tensor]
 
 
+def sum_dtype(device: torch.device) -> torch.dtype:
+    """The dtype the metric sums are kept in on `device`: float64 where the device has it, else
+    float32 (Apple's MPS), which MetricSums then compensates."""
+    return torch.float64 if capabilities(device).float64 else torch.float32
+
+
 class StatefulMetric(abc.ABC):
     """A metric that is not a mean of per-sample scores (RMSE, R², F1): `num_sums` sums that add
     up over batches and ranks, and its value computed from the epoch's totals. The engine keeps
@@ -87,7 +93,7 @@ class MetricSums:
         for metric in metric_fns.values():
             if keeps_own_state(metric):
                 metric.reset()
-        self.dtype = torch.float64 if capabilities(device).float64 else torch.float32
+        self.dtype = sum_dtype(device)
         # [loss x batch size, each metric's slots..., number of samples]
         num_sums = sum(num_slots(metric) for metric in metric_fns.values()) + 2
         self.totals = torch.zeros(num_sums, dtype=self.dtype, device=device)

@@ -18,8 +18,15 @@ class AverageOverViews(nn.Module):
     mirror image (flip), and each of these shifted by `translate` pixels down and right and by
     as many up and left, the edges mirrored (reflect padding, as the recipe's training crops).
 
-    average "logits": the mean of the views' logits; "probabilities": the log of the mean of
-    their softmax probabilities, which is again a valid input to argmax and cross entropy.
+    An output per image (class scores (B, K), values (B,)) is averaged as it is. A dense output,
+    one value per pixel ((B, C', H, W), a denoised image or a segmentation's logits), is first
+    mapped back onto the input's pixels (mirrored back, shifted back), and each pixel averages
+    the views that saw it: a shifted view never saw the `translate` rows and columns it moved
+    out, and the mirrored edges it shows instead are not theirs. Any other output shape has no
+    such map and is refused.
+
+    average "logits": the mean of the views' outputs; "probabilities": the log of the mean of
+    their softmax probabilities over dim 1, again a valid input to argmax and cross entropy.
     Every view weighs the same: 2 views with flip alone, 3 with translate alone, 6 with both.
     """
 
@@ -27,25 +34,77 @@ class AverageOverViews(nn.Module):
         super().__init__()
         self.model, self.flip, self.translate, self.average = model, flip, translate, average
 
-    def views(self, images: torch.Tensor) -> list[torch.Tensor]:
+    def transforms(self, images: torch.Tensor) -> list[tuple[bool, int]]:
+        """(mirrored, shift) of each view: shift > 0 moves the content down-right, < 0 up-left."""
         if images.dim() != 4:
             raise DataError(
                 f"trainer.tta_flip / tta_translate: need batches of images (B, C, H, W), got "
                 f"inputs of shape {tuple(images.shape)}"
             )
-        views = [images, images.flip(-1)] if self.flip else [images]
-        if self.translate:
-            shift, (height, width) = self.translate, images.shape[-2:]
-            for view in list(views):
-                padded = functional.pad(view, (shift,) * 4, mode="reflect")  # (B, C, H+2s, W+2s)
-                views.append(padded[..., 2 * shift :, 2 * shift :])  # the content moved up-left
-                views.append(padded[..., :height, :width])  # ...and down-right
-        return views
+        height, width = images.shape[-2:]
+        if self.translate >= min(height, width):  # reflect padding mirrors size - 1 at most
+            raise DataError(
+                f"trainer.tta_translate: {self.translate} pixels must be less than the images' "
+                f"height and width, got images of {height} x {width}"
+            )
+        flips = [False, True] if self.flip else [False]
+        shifts = [0, -self.translate, self.translate] if self.translate else [0]
+        return [(mirrored, shift) for mirrored in flips for shift in shifts]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        outputs = torch.stack(
-            [self.model(view).float() for view in self.views(images)]
-        )  # (V, B, K)
+        outputs, masks = [], []
+        for mirrored, shift in self.transforms(images):
+            view = images.flip(-1) if mirrored else images
+            output = self.model(move(view, shift)).float()
+            output, mask = self.back(output, images, mirrored, shift)
+            outputs.append(output)
+            masks.append(mask)
+        outputs = torch.stack(outputs)  # (V, B, ...)
+        seen = torch.stack(masks)  # (V, 1, 1, H, W), or (V, 1, 1) for outputs (B, K)
+        count = seen.sum(dim=0)  # the views that saw each pixel: at least the plain one
         if self.average == "logits":
-            return outputs.mean(dim=0)
-        return torch.logsumexp(outputs.log_softmax(dim=-1), dim=0) - math.log(len(outputs))
+            return (outputs * seen).sum(dim=0) / count
+        if outputs.dim() < 3:
+            raise DataError(
+                'trainer.tta_average "probabilities": needs class scores (B, K) or (B, K, H, W), '
+                f"got outputs of shape {tuple(outputs.shape[1:])}"
+            )
+        log_probabilities = outputs.log_softmax(dim=2).masked_fill(seen == 0, -math.inf)
+        return torch.logsumexp(log_probabilities, dim=0) - count.log()
+
+    def back(
+        self, output: torch.Tensor, images: torch.Tensor, mirrored: bool, shift: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A view's output on the input's pixels, and where it has them (a 0/1 mask)."""
+        if output.dim() <= 2:  # one output per image: nothing to map back
+            return output, output.new_ones((1,) * output.dim())
+        dense = (
+            output.dim() == 4
+            and output.shape[0] == images.shape[0]
+            and output.shape[-2:] == images.shape[-2:]
+        )
+        if not dense:
+            raise DataError(
+                f"trainer.tta_flip / tta_translate: the model's output {tuple(output.shape)} is "
+                "neither one output per image (B, K) nor one per pixel of the input "
+                f"{tuple(images.shape)} (B, C, H, W): its views cannot be mapped back; turn "
+                "test-time augmentation off"
+            )
+        # The view's pixel (i + shift, j + shift) is the input's (i, j): shift it back, zeros
+        # (and a 0 in the mask) where the view had none of the input's pixels.
+        mask = move(output.new_ones(1, 1, *output.shape[-2:]), -shift, edges="zeros")
+        output = move(output, -shift, edges="zeros")
+        return (output.flip(-1), mask.flip(-1)) if mirrored else (output, mask)
+
+
+def move(images: torch.Tensor, shift: int, edges: str = "reflect") -> torch.Tensor:
+    """images (..., H, W) with their content moved `shift` pixels down and right (negative: up
+    and left); the rows and columns that come in are mirrored edges or zeros (`edges`)."""
+    if shift == 0:
+        return images
+    size = abs(shift)
+    height, width = images.shape[-2:]
+    mode = "reflect" if edges == "reflect" else "constant"
+    padded = functional.pad(images, (size,) * 4, mode=mode)  # (..., H + 2s, W + 2s)
+    start = size - shift  # 0 moves the content down-right, 2s up-left
+    return padded[..., start : start + height, start : start + width]

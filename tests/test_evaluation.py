@@ -1,0 +1,398 @@
+"""What validation counts (issue 31, items 2, 7, 13, 14): every shipped metric equals scikit-learn's
+or torchmetrics' on the whole split, whatever the batches, their order and the number of ranks,
+for random shapes, dtypes, means and scales; none makes a tensor whose size depends on the data
+(a host sync on CUDA); each refuses what would broadcast; test-time augmentation of a per-pixel
+model is that model, for every output shape it accepts, and refuses the others."""
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+from conftest import NUM_EXAMPLES, ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import model.metric as metric_module
+from data_loader.data_loaders import NoisyShapesDataLoader
+from model.metric import F1, R2, RMSE, accuracy, psnr, top_5_acc, top_k_acc
+from utils.evaluation.metric_sums import MetricSums, StepOutput, to_metrics
+from utils.evaluation.tta import AverageOverViews
+from utils.util import DataError
+
+# Every metric model/metric.py ships, built as a config names it.
+SHIPPED = {
+    "accuracy": accuracy,
+    "top_k_acc": top_k_acc,
+    "top_5_acc": top_5_acc,
+    "psnr": psnr,
+    "RMSE": RMSE(),
+    "R2": R2(),
+    "F1": F1(num_classes=4),
+}
+CLASSIFICATION = ("accuracy", "top_k_acc", "top_5_acc", "F1")
+FLOATS = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def value_over(
+    metric: object, output: torch.Tensor, target: torch.Tensor, split: dict | None = None
+) -> float:
+    """The metric over the samples in split["order"], cut into batches at split["cuts"], the
+    batches dealt out to split["num_ranks"] ranks in turn: each rank's sums, added together as
+    the all-reduce does. Without a split: one batch of the samples in order, one rank."""
+    split = split or {"order": list(range(len(target))), "cuts": [], "num_ranks": 1}
+    order = split["order"]
+    output, target = output[order], target[order]
+    bounds = [0, *split["cuts"], len(order)]
+    batches = [(output[a:b], target[a:b]) for a, b in itertools.pairwise(bounds)]
+    totals = torch.zeros(())
+    for rank in range(split["num_ranks"]):
+        sums = MetricSums({"m": metric}, torch.device("cpu"))
+        for batch_output, batch_target in batches[rank :: split["num_ranks"]]:
+            sums.add(StepOutput(loss=torch.zeros(()), output=batch_output, target=batch_target))
+        totals = totals + sums.all_ranks()  # a rank without batches adds zeros
+    return to_metrics(totals, {"m": metric}, "val")["val/m"]
+
+
+@st.composite
+def splits(draw: st.DrawFn, num_samples: int) -> dict:
+    """A sample order, the cuts between batches and a number of ranks."""
+    order = draw(st.permutations(range(num_samples)))
+    cuts = draw(st.sets(st.integers(1, num_samples - 1), max_size=6)) if num_samples > 1 else []
+    return {"order": order, "cuts": sorted(cuts), "num_ranks": draw(st.integers(1, 3))}
+
+
+def close(value: float, expected: float, tolerance: float = 1e-9) -> bool:
+    """Equal to `tolerance` of the value (and of 1, for values near 0), nan equal to nan."""
+    if math.isnan(expected):
+        return math.isnan(value)
+    return math.isclose(value, expected, rel_tol=tolerance, abs_tol=tolerance)
+
+
+# --- every metric against its reference, whatever the batches and ranks --------------------------
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_regression_metrics_equal_scikit_learn_whatever_the_batches(num_examples):
+    metrics = pytest.importorskip("sklearn.metrics")
+
+    @settings(max_examples=num_examples)
+    @given(
+        num_samples=st.integers(1, 40),
+        sample_shape=st.lists(st.integers(1, 3), max_size=2),
+        dtypes=st.tuples(st.sampled_from(FLOATS), st.sampled_from(FLOATS)),
+        mean=st.floats(-6, 6).map(lambda power: math.copysign(10 ** abs(power), power)),
+        scale=st.floats(-3, 3).map(lambda power: 10**power),
+        error=st.floats(-4, 1).map(lambda power: 10**power),
+        seed=st.integers(0, 2**16),
+        data=st.data(),
+    )
+    def check(num_samples, sample_shape, dtypes, mean, scale, error, seed, data):
+        generator = torch.Generator().manual_seed(seed)
+        shape = (num_samples, *sample_shape)
+        target = mean + scale * torch.randn(shape, generator=generator, dtype=torch.float64)
+        output = target + error * scale * torch.randn(shape, generator=generator)
+        target, output = target.to(dtypes[0]), output.to(dtypes[1])
+        if not (target.isfinite().all() and output.isfinite().all()):
+            return  # float16 holds no more than 65504
+        y, predicted = target.double().numpy().ravel(), output.double().numpy().ravel()
+        constant = y.min() == y.max()  # R² undefined: nan
+        expected = {
+            "RMSE": metrics.mean_squared_error(y, predicted) ** 0.5,
+            "R2": float("nan") if constant else metrics.r2_score(y, predicted),
+        }
+        split = data.draw(splits(num_samples))
+        for name, reference in expected.items():
+            whole = value_over(SHIPPED[name], output, target)
+            assert close(whole, reference), (name, whole, reference)
+            value = value_over(SHIPPED[name], output, target, split)
+            assert close(value, whole, 1e-12), (name, value, whole)
+
+    check()
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_psnr_equals_torchmetrics_whatever_the_batches(num_examples):
+    image = pytest.importorskip("torchmetrics.functional.image")
+
+    @settings(max_examples=num_examples)
+    @given(
+        num_samples=st.integers(1, 24),
+        sample_shape=st.lists(st.integers(1, 4), max_size=3),
+        dtype=st.sampled_from(FLOATS),
+        noise=st.floats(-4, 0).map(lambda power: 10**power),
+        seed=st.integers(0, 2**16),
+        data=st.data(),
+    )
+    def check(num_samples, sample_shape, dtype, noise, seed, data):
+        generator = torch.Generator().manual_seed(seed)
+        shape = (num_samples, *sample_shape)
+        target = torch.rand(shape, generator=generator).to(dtype)
+        output = (target + noise * torch.randn(shape, generator=generator)).to(dtype)
+        flat = (output.double().reshape(num_samples, -1), target.double().reshape(num_samples, -1))
+        if ((flat[0] - flat[1]).square().mean(dim=1) <= 1e-10).any():
+            return  # psnr caps each image at 100 dB; torchmetrics does not
+        expected = image.peak_signal_noise_ratio(*flat, data_range=1.0, reduction="none", dim=1)
+        whole = value_over(psnr, output, target)
+        # torchmetrics takes the logarithm in float32 (its data_range and log(10) tensors).
+        assert close(whole, expected.double().mean().item(), 1e-6), (whole, expected)
+        value = value_over(psnr, output, target, data.draw(splits(num_samples)))
+        assert close(value, whole, 1e-12), (value, whole)
+
+    check()
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_classification_metrics_equal_the_references_whatever_the_batches(num_examples):
+    """Logits (B, C) against labels (B,), or per pixel: (B, C, H, W) against masks (B, H, W)."""
+    metrics = pytest.importorskip("sklearn.metrics")
+    classification = pytest.importorskip("torchmetrics.functional.classification")
+
+    @settings(max_examples=num_examples)
+    @given(
+        num_samples=st.integers(1, 30),
+        num_classes=st.integers(2, 6),
+        pixels=st.lists(st.integers(1, 4), max_size=2),
+        dtype=st.sampled_from(FLOATS),
+        seed=st.integers(0, 2**16),
+        data=st.data(),
+    )
+    def check(num_samples, num_classes, pixels, dtype, seed, data):
+        generator = torch.Generator().manual_seed(seed)
+        logits = torch.randn(num_samples, num_classes, *pixels, generator=generator).to(dtype)
+        target = torch.randint(num_classes, (num_samples, *pixels), generator=generator)
+
+        def share(k: int) -> float:  # each sample's share of right elements, averaged
+            # torchmetrics' counts (its accuracy itself is float32): right, wrong per sample
+            counts = classification.multiclass_stat_scores(
+                logits.float(), target, num_classes, top_k=min(k, num_classes),
+                average="micro", multidim_average="samplewise" if pixels else "global",
+            ).double()  # fmt: skip
+            right, wrong = counts[..., 0], counts[..., 3]
+            return (right / (right + wrong)).mean().item()
+
+        predicted = logits.argmax(dim=1).ravel().numpy()
+        expected = {
+            "accuracy": share(1),
+            "top_k_acc": share(3),
+            "top_5_acc": share(5),
+            "F1": metrics.f1_score(target.ravel().numpy(), predicted, average="macro"),
+        }
+        split = data.draw(splits(num_samples))
+        for name, reference in expected.items():
+            metric = F1(num_classes) if name == "F1" else SHIPPED[name]
+            whole = value_over(metric, logits, target)
+            assert close(whole, reference), (name, whole, reference)
+            value = value_over(metric, logits, target, split)
+            assert close(value, whole, 1e-12), (name, value, whole)
+
+    check()
+
+
+@pytest.mark.parametrize(("mean", "spread"), [(300.0, 1.0), (1e4, 1.0), (1e6, 1.0)])
+def test_r2_of_targets_with_a_large_mean_is_exact(mean, spread):
+    """The reported example: float32 sums of y and y^2 cancelled (error 3.6e-4 at mean 300, 0.051
+    at 1e4); float64 sums alone still lose 4 digits at 1e6."""
+    metrics = pytest.importorskip("sklearn.metrics")
+    generator = torch.Generator().manual_seed(0)
+    target = mean + spread * torch.randn(1000, 1, generator=generator)
+    output = target + 0.5 * spread * torch.randn(1000, 1, generator=generator)
+    expected = metrics.r2_score(target.double().numpy(), output.double().numpy())
+    split = {"order": list(range(1000)), "cuts": list(range(64, 1000, 64)), "num_ranks": 1}
+    assert abs(value_over(R2(), output, target, split) - expected) < 1e-12
+
+
+def test_accuracy_of_a_segmentation_counts_pixels():
+    """Logits (B, C, H, W) against masks (B, H, W): the share of right pixels, where the right
+    pixels were counted per image (up to H x W each)."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 3, 8, 8, generator=generator)
+    masks = torch.randint(3, (4, 8, 8), generator=generator)
+    right = (logits.argmax(dim=1) == masks).double().mean().item()
+    split = {"order": list(range(4)), "cuts": [1, 3], "num_ranks": 2}
+    assert value_over(accuracy, logits, masks, split) == pytest.approx(right, rel=1e-12)
+    assert value_over(top_k_acc, logits, masks, split) == 1.0  # 3 classes, k = 3
+
+
+# --- shapes each metric refuses ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "output", "target", "message"),
+    [
+        ("RMSE", (8, 1), (8,), r"RMSE: needs an output and a target of one shape \(B, \.\.\.\), "
+         r"got \(8, 1\) float32 and \(8,\) float32"),
+        ("R2", (8,), (8, 1), r"R2: needs an output and a target of one shape"),
+        ("psnr", (2, 3, 4, 4), (2, 1, 4, 4), r"psnr: needs an output and a target of one shape"),
+        ("accuracy", (8, 3), (8, 1), r"accuracy: needs class scores \(B, C, \.\.\.\) and integer "
+         r"class indices \(B, \.\.\.\), got an output \(8, 3\) float32 and a target \(8, 1\)"),
+        ("top_k_acc", (8, 3, 4), (8, 5), r"top_k_acc: needs class scores"),
+        ("top_5_acc", (8,), (8,), r"top_5_acc: needs class scores"),
+        ("accuracy", (8, 3), "float", r"accuracy: .* a target \(8,\) float32"),
+        ("F1", (8, 3), (8,), r"F1: needs class scores \(B, 4, \.\.\.\)"),
+    ],
+)  # fmt: skip
+def test_shapes_that_would_broadcast_are_refused_in_one_line(name, output, target, message):
+    """Before: RMSE of (B, 1) against (B,) broadcast to (B, B) and reported 1.67 for 0.072."""
+    output = torch.zeros(output)
+    target = torch.zeros(8) if target == "float" else torch.zeros(target, dtype=torch.long)
+    if name in ("RMSE", "R2", "psnr"):
+        target = target.float()
+    sums = MetricSums({name: SHIPPED[name]}, torch.device("cpu"))
+    with pytest.raises(DataError, match=message):
+        sums.add(StepOutput(loss=torch.zeros(()), output=output, target=target))
+
+
+# --- no host sync: nothing whose size depends on the data ----------------------------------------
+
+
+def test_every_shipped_metric_is_tested_here():
+    assert set(SHIPPED) == set(metric_module.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_metric_runs_on_the_meta_device(name):
+    """The meta device has shapes and no values: an op whose output size depends on the values
+    (F1's boolean mask and bincount were two) cannot run there, and on CUDA it waits for the
+    device every step (tests/test_gpu_paths.py counts the syncs on a GPU)."""
+    meta = torch.device("meta")
+    if name in CLASSIFICATION:
+        output = torch.empty(8, 4, 5, 5, device=meta)
+        target = torch.empty(8, 5, 5, dtype=torch.long, device=meta)
+    else:
+        output, target = torch.empty(8, 3, 5, 5, device=meta), torch.empty(8, 3, 5, 5, device=meta)
+    metric = SHIPPED[name]
+    sums = (
+        metric.batch_sums(output, target)
+        if hasattr(metric, "batch_sums")
+        else metric(output, target)
+    )
+    assert sums.device == meta and sums.dim() <= 1
+
+
+# --- test-time augmentation ----------------------------------------------------------------------
+
+
+def per_pixel_model(channels: int, out_channels: int, seed: int) -> nn.Module:
+    """A random 1x1 convolution: moving or mirroring its input moves or mirrors its output."""
+    torch.manual_seed(seed)
+    return nn.Conv2d(channels, out_channels, 1).eval()
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_tta_of_a_per_pixel_model_is_that_model(num_examples):
+    """The identity among them: a denoiser's views mapped back onto the input's pixels, each
+    pixel averaging the views that saw it, give back the input."""
+
+    @settings(max_examples=num_examples)
+    @given(
+        batch=st.integers(1, 4),
+        channels=st.integers(1, 4),
+        out_channels=st.sampled_from([None, 1, 3]),  # None: the identity
+        height=st.integers(1, 9),
+        width=st.integers(1, 9),
+        flip=st.booleans(),
+        translate=st.integers(0, 8),
+        average=st.sampled_from(["logits", "probabilities"]),
+        seed=st.integers(0, 2**16),
+    )
+    def check(batch, channels, out_channels, height, width, flip, translate, average, seed):
+        translate = min(translate, min(height, width) - 1)
+        model = (
+            nn.Identity() if out_channels is None else per_pixel_model(channels, out_channels, seed)
+        )
+        images = torch.rand(
+            batch, channels, height, width, generator=torch.Generator().manual_seed(seed)
+        )
+        with torch.no_grad():
+            expected = model(images)
+            if average == "probabilities":
+                expected = expected.log_softmax(dim=1)
+            averaged = AverageOverViews(model, flip=flip, translate=translate, average=average)
+            torch.testing.assert_close(averaged(images), expected, rtol=1e-6, atol=1e-6)
+
+    check()
+
+
+def reflect_shift(images: torch.Tensor, shift: int) -> torch.Tensor:
+    """out[..., i, j] = images[..., reflect(i + shift), reflect(j + shift)], by indexing: the
+    content moved up-left by shift (down-right for a negative one), its edges mirrored."""
+    rows = [reflect(i + shift, images.shape[-2]) for i in range(images.shape[-2])]
+    columns = [reflect(j + shift, images.shape[-1]) for j in range(images.shape[-1])]
+    return images[..., rows, :][..., columns]
+
+
+def reflect(index: int, size: int) -> int:
+    index = -index if index < 0 else index
+    return 2 * (size - 1) - index if index > size - 1 else index
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_tta_of_a_classifier_is_the_mean_over_its_views(num_examples):
+    """Outputs per image (B, K) average as they are: unchanged by the dense outputs' mapping."""
+
+    @settings(max_examples=num_examples)
+    @given(
+        batch=st.integers(1, 4),
+        size=st.integers(2, 9),
+        flip=st.booleans(),
+        translate=st.integers(0, 8),
+        seed=st.integers(0, 2**16),
+    )
+    def check(batch, size, flip, translate, seed):
+        translate = min(translate, size - 1)
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Flatten(), nn.Linear(4 * size * size, 5))
+        images = torch.rand(batch, 3, size, size)
+        flips = [images, images.flip(-1)] if flip else [images]
+        shifts = [0, translate, -translate] if translate else [0]
+        views = [reflect_shift(view, shift) for view in flips for shift in shifts]
+        with torch.no_grad():
+            logits = torch.stack([model(view) for view in views])  # (V, B, 5)
+            mean = AverageOverViews(model, flip=flip, translate=translate, average="logits")
+            torch.testing.assert_close(mean(images), logits.mean(dim=0))
+            probabilities = AverageOverViews(
+                model, flip=flip, translate=translate, average="probabilities"
+            )
+            torch.testing.assert_close(
+                probabilities(images).exp(), logits.softmax(dim=-1).mean(dim=0)
+            )
+
+    check()
+
+
+def test_tta_of_an_identity_denoiser_scores_100_db():
+    """The reported example: configs/denoise.json's validation images through a perfect identity
+    model with tta_flip scored 13.9 dB (the mirrored view averaged unmirrored), not 100."""
+    args = json.loads((ROOT / "configs/denoise.json").read_text())["data_loader"]["args"]
+    data = NoisyShapesDataLoader(**{**args, "num_train": 320, "num_workers": 0}, seed=0)
+    images, _ = next(iter(data.val_loader()))
+    for flip, translate in [(True, 0), (False, 1), (True, 2)]:
+        model = AverageOverViews(nn.Identity(), flip=flip, translate=translate, average="logits")
+        assert (psnr(model(images), images) / len(images)).item() == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "options", "message"),
+    [
+        (nn.Conv2d(3, 3, 3, stride=2), (2, 3, 8, 8), {"flip": True, "translate": 0},
+         r"the model's output \(2, 3, 3, 3\) is neither one output per image \(B, K\) nor one per "
+         r"pixel of the input \(2, 3, 8, 8\)"),
+        (nn.Flatten(2), (2, 3, 8, 8), {"flip": True, "translate": 0},
+         r"the model's output \(2, 3, 64\) is neither"),
+        (nn.Identity(), (2, 3, 8, 6), {"flip": False, "translate": 6},
+         r"trainer.tta_translate: 6 pixels must be less than the images' height and width, got "
+         r"images of 8 x 6"),
+        (nn.Identity(), (2, 10), {"flip": True, "translate": 0},
+         r"need batches of images \(B, C, H, W\), got inputs of shape \(2, 10\)"),
+        (nn.Flatten(0), (2, 3, 4, 4), {"flip": True, "translate": 0, "average": "probabilities"},
+         r'tta_average "probabilities": needs class scores \(B, K\) or \(B, K, H, W\), got '
+         r"outputs of shape \(96,\)"),
+    ],
+)  # fmt: skip
+def test_tta_refuses_what_it_cannot_map_back(model, inputs, options, message):
+    averaged = AverageOverViews(model, **{"average": "logits", **options})
+    with pytest.raises(DataError, match=message):
+        averaged(torch.zeros(inputs))
