@@ -20,7 +20,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from base.base_data_loader import BaseDataLoader
 from base.checks import check_first_batch
 from base.evaluation import evaluate, validate
-from base.intervals import Progress, log_interval, skip_step
+from base.intervals import Progress, epoch_speed, log_epoch_line, log_interval, skip_step
 from logger import Loggers, check_logger_packages, open_loggers
 from utils import amp_dtype, derive_seed, seed_everything, unwrap_model
 from utils.data.batches import (
@@ -107,6 +107,7 @@ class BaseTrainer(abc.ABC):
             self.ema = new_average(unwrap_model(self.model), options)  # None: ema_decay null
             self.lookahead = new_lookahead(unwrap_model(self.model), options)  # or None
         self.data_wait_seconds = 0.0  # of the last epoch, measured by train_epoch
+        self.flops_per_sample: float | None = None  # of a training step, counted by base/checks.py
         self.checkpoint_dir = Path(config.checkpoint_dir)
         self.loggers = Loggers([], self.logger)  # opened by fit(), on rank 0
         self.resumed_logger_runs: dict[str, str] = {}  # W&B's and MLflow's run ids, to continue
@@ -191,21 +192,14 @@ class BaseTrainer(abc.ABC):
             self.lookahead.finish(unwrap_model(self.model))
         metrics.update(self.validate())
         metrics["time/epoch_seconds"] = time.perf_counter() - start
-        metrics["time/train_samples_per_second"] = metrics.pop("train/num_samples") / train_seconds
-        # Near 1, the input pipeline is the bottleneck (more num_workers, faster transforms).
-        metrics["time/data_wait_fraction"] = self.data_wait_seconds / train_seconds
+        epoch_speed(self, metrics, train_seconds)
         metrics["lr"] = learning_rate
         step_scheduler(self.lr_scheduler, metrics, self.monitor.key, self.step_per_batch)
         improved = self.monitor.update(metrics, epoch)
         in_top_k, dropped = self.monitor.rank_top_k(metrics, epoch)
         # One x-axis for every curve: the optimizer step.
         self.loggers.log_epoch(metrics, step=self.global_step, epoch=epoch)
-        shown = {key: value for key, value in metrics.items() if not key.startswith("time/")}
-        summary = "  ".join(f"{key} {value:.4g}" for key, value in shown.items() if key != "lr")
-        seconds, rate = metrics["time/epoch_seconds"], metrics["time/train_samples_per_second"]
-        timing = f"({seconds:.1f} s, {rate:.4g} samples/s, lr {learning_rate:.4g})"
-        best = "  *best*" if improved else ""
-        self.logger.info("epoch %d/%d  %s  %s%s", epoch, self.epochs, summary, timing, best)
+        log_epoch_line(self, epoch, metrics, improved)
         # A signal that came during validation: every rank must agree to stop here. The agreed
         # value decides, not self.stop.signum: a signal that lands just after the agreement
         # reaches one rank first, which alone would then stop. It stays pending instead.

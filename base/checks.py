@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from base.evaluation import averaged_over_views
 from utils import unwrap_model
@@ -65,31 +66,39 @@ def check_first_batch(trainer: "BaseTrainer") -> None:
     options, model = trainer.options, trainer.model
     training = model.training
     try:
-        # A compiled model would compile a graph of its own here, for nothing.
-        if not options["compile"]:
-            run_step(trainer, batch, where, trainer.training_step)
+        # A compiled model would compile a graph of its own here, for nothing: the plain one.
+        trainer.model = getattr(model, "_orig_mod", model)
+        trainer.flops_per_sample = run_step(trainer, batch, where, trainer.training_step)
+        trainer.model = model
         # The views are checked on this batch (its images' size) rather than after an epoch;
         # they run the plain model, which compiles nothing.
         if options["tta_flip"] or options["tta_translate"]:
             with averaged_over_views(trainer, unwrap_model(model)):
                 run_step(trainer, batch, where, trainer.validation_step)
     finally:
+        trainer.model = model
         model.train(training)
 
 
-def run_step(trainer: "BaseTrainer", batch: Any, where: str, step: Callable) -> None:
+def run_step(trainer: "BaseTrainer", batch: Any, where: str, step: Callable) -> float:
     """`step` on the batch in evaluation mode without gradients, the random state untouched,
     and its output through every metric; a RuntimeError or ValueError (what does not fit) is
-    a DataError naming the batch."""
+    a DataError naming the batch. Returns the training FLOPs per sample: three times the
+    forward's, which FlopCounterMode counts (the backward costs about twice the forward)."""
     device = trainer.device
     forked = [device] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=forked), torch.no_grad():
             trainer.model.eval()
             moved = to_device(batch, device, trainer.options["channels_last"])
-            with torch.autocast(device.type, trainer.amp_dtype, trainer.amp_dtype is not None):
+            with (
+                torch.autocast(device.type, trainer.amp_dtype, trainer.amp_dtype is not None),
+                FlopCounterMode(display=False) as counter,
+            ):
                 result = step(moved)
             MetricSums(trainer.metric_fns, device).add(result)
+            size = result.batch_size if result.batch_size is not None else len(result.target)
+            return 3 * counter.get_total_flops() / max(int(size), 1)
     except (RuntimeError, ValueError) as error:
         raise DataError(
             f"{where} does not fit the model, the loss or the metrics: {describe_error(error)}"

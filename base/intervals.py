@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from utils.distributed.process_group import world_size
 from utils.evaluation.metric_sums import MetricSums
+from utils.timing import peak_flops, precision
 from utils.util import TrainingError
 
 if TYPE_CHECKING:
@@ -86,3 +88,40 @@ def skip_step(trainer: "BaseTrainer", epoch: int, step: int) -> None:
             f"more than trainer.max_skipped_steps ({limit}) steps had a non-finite loss "
             f"(last: epoch {epoch}, step {step}); lower the learning rate or check the data"
         )
+
+
+def epoch_speed(trainer: "BaseTrainer", metrics: dict[str, float], train_seconds: float) -> None:
+    """The epoch's time/ metrics: samples per second (of all ranks), the share of the time spent
+    waiting for data, and with the FLOPs per sample counted (base/checks.py) the FLOP/s achieved
+    and the model FLOP utilisation against the devices' peak, where it is known."""
+    rate = metrics.pop("train/num_samples") / train_seconds
+    metrics["time/train_samples_per_second"] = rate
+    # Near 1, the input pipeline is the bottleneck (more num_workers, faster transforms).
+    metrics["time/data_wait_fraction"] = trainer.data_wait_seconds / train_seconds
+    if trainer.flops_per_sample:
+        metrics["time/flops_per_second"] = achieved = trainer.flops_per_sample * rate
+        peak = peak_flops(trainer.device, precision(trainer.options))
+        if peak is not None:
+            metrics["time/mfu"] = achieved / (peak * world_size())
+
+
+def log_epoch_line(
+    trainer: "BaseTrainer", epoch: int, metrics: dict[str, float], improved: bool
+) -> None:
+    """epoch 3/10  train/loss 0.52 ... val/accuracy 0.81  (12.1 s, 4120 samples/s, 1.2
+    TFLOP/s, MFU 35 %, lr 0.01)  *best*"""
+    shown = {key: value for key, value in metrics.items() if not key.startswith("time/")}
+    summary = "  ".join(f"{key} {value:.4g}" for key, value in shown.items() if key != "lr")
+    timing = [f"{metrics['time/epoch_seconds']:.1f} s",
+              f"{metrics['time/train_samples_per_second']:.4g} samples/s"]  # fmt: skip
+    if "time/flops_per_second" in metrics:
+        achieved = metrics["time/flops_per_second"]
+        scale, unit = (1e12, "TFLOP/s") if achieved >= 1e12 else (1e9, "GFLOP/s")
+        timing.append(f"{achieved / scale:.3g} {unit}")
+    if "time/mfu" in metrics:
+        timing.append(f"MFU {100 * metrics['time/mfu']:.3g} %")
+    timing.append(f"lr {metrics['lr']:.4g}")
+    best = "  *best*" if improved else ""
+    trainer.logger.info(
+        "epoch %d/%d  %s  (%s)%s", epoch, trainer.epochs, summary, ", ".join(timing), best
+    )

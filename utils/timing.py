@@ -55,3 +55,32 @@ class DataWait:
                 return
             self.seconds += time.perf_counter() - waited
             yield batch
+
+
+# Dense peak FLOP/s (no sparsity) of common GPUs by compute precision, from the vendors'
+# datasheets: what model FLOP utilisation (MFU) is measured against. The first name the
+# device's name contains decides (the PCIe H100 before the SXM one).
+PEAK_FLOPS = {
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30e12},
+    "V100": {"fp16": 125e12, "fp32": 15.7e12},
+}
+
+
+def precision(options: dict) -> str:
+    """The precision most of a step's FLOPs run in: autocast's dtype, else tf32 or fp32."""
+    if options["amp"] in ("bf16", "fp16"):
+        return options["amp"]
+    return "tf32" if options["tf32"] else "fp32"
+
+
+def peak_flops(device: torch.device, compute: str) -> float | None:
+    """The device's dense peak FLOP/s in that precision; None where it is not in PEAK_FLOPS."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peaks = next((peaks for key, peaks in PEAK_FLOPS.items() if key in name), {})
+    return peaks.get(compute)

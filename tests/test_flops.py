@@ -1,0 +1,84 @@
+"""FLOPs and model FLOP utilisation (issue 35, item 4): the FLOPs per sample the first-batch
+check counts equal an independent count of the network's convolutions and linear layers, the
+epoch logs the FLOP/s achieved, and MFU is FLOP/s against the device's peak where it is known."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ROOT, run_main, shrink
+
+from base.intervals import epoch_speed
+from model.model import CifarCNN
+from utils.state.checkpoint import load_checkpoint
+
+
+def layer_flops(model: torch.nn.Module, images: torch.Tensor) -> float:
+    """Forward FLOPs per image of the convolutions and linear layers, from their output shapes
+    (a multiply and an add per weight per output position): not FlopCounterMode's count."""
+    total = 0.0
+
+    def count(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, torch.nn.Conv2d):
+            per_output = (
+                module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+            )
+            total += 2 * per_output * output[0].numel()
+        elif isinstance(module, torch.nn.Linear):
+            total += 2 * module.in_features * module.out_features
+
+    hooks = [module.register_forward_hook(count) for module in model.modules()]
+    with torch.no_grad():
+        model.eval()(images[:1])
+    for hook in hooks:
+        hook.remove()
+    return total
+
+
+def test_the_counted_flops_are_three_times_the_forward_of_config_jsons_network(tmp_path: Path):
+    config = shrink(json.loads((ROOT / "config.json").read_text()), tmp_path / "saved")
+    shipped = json.loads((ROOT / "config.json").read_text())["arch"]["args"]
+    config["arch"]["args"] = shipped  # the shipped network's shape, on the demo's data
+    config["data_loader"] = json.loads((ROOT / "configs/demo.json").read_text())["data_loader"]
+    config["data_loader"]["args"].update(num_train=64, num_test=32, batch_size=16, num_workers=0)
+    config["trainer"].update(epochs=1, tensorboard=False, amp=None, channels_last=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = run_main("train.py", "-c", str(path), "--run-id", "flops")
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = load_checkpoint(
+        tmp_path / "saved/models" / config["name"] / "flops/checkpoint-epoch1.pth"
+    )
+    forward = layer_flops(CifarCNN(**shipped), torch.zeros(1, 3, 32, 32))
+    assert forward > 1e8  # 306 MFLOPs (153 M multiply-adds) an image
+    metrics = state["metrics"]
+    samples_per_second = metrics["time/train_samples_per_second"]
+    assert metrics["time/flops_per_second"] == pytest.approx(
+        3 * forward * samples_per_second, rel=1e-3
+    )
+    assert "time/mfu" not in metrics  # the CPU has no peak in the table
+    assert "GFLOP/s" in result.stdout + result.stderr
+
+
+def test_mfu_is_the_achieved_flops_against_the_devices_peak(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    trainer = SimpleNamespace(
+        flops_per_sample=1e9, data_wait_seconds=0.5, device=torch.device("cuda", 0),
+        options={"amp": "bf16", "tf32": None},
+    )  # fmt: skip
+    metrics = {"train/num_samples": 20000.0}
+    epoch_speed(trainer, metrics, train_seconds=10.0)
+    assert metrics["time/flops_per_second"] == pytest.approx(2e12)
+    assert metrics["time/mfu"] == pytest.approx(2e12 / 989e12)
+    trainer.options = {"amp": None, "tf32": True}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
+    metrics = {"train/num_samples": 20000.0}
+    epoch_speed(trainer, metrics, train_seconds=10.0)
+    assert metrics["time/mfu"] == pytest.approx(2e12 / 378e12)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some New GPU")
+    metrics = {"train/num_samples": 20000.0}
+    epoch_speed(trainer, metrics, train_seconds=10.0)
+    assert "time/mfu" not in metrics and metrics["time/flops_per_second"] == pytest.approx(2e12)
