@@ -1,0 +1,98 @@
+"""FSDP (distributed.strategy "fsdp") beside the paths tests/test_fsdp.py takes (issue 31, items
+8-11, 14 and 16): validation on ranks with unequal batches, DCP's errors, an ordinary checkpoint
+resumed or fine-tuned under FSDP, channels_last, SGD's kernels on sharded parameters, and the
+optimizer state of parameters new to a changed config.
+
+Most run in this process as torchrun's only worker (one_rank): it joins a process group of one
+and FSDP shards the model all the same (its parameters become DTensors), without starting
+processes; those that need two ranks run under torchrun and are marked slow."""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, shrink
+from ports import free_port
+from test_fsdp import needs_gloo_fsdp
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from model.model import CifarCNN
+from parse_config import ConfigError, ConfigParser
+from utils.distributed.process_group import process_group, process_info
+from utils.distributed.sharding import shard_model
+from utils.optim.optimizer import build_optimizer, kernel_args
+
+RUN = Path("models") / "Demo_CifarCNN"
+
+
+@pytest.fixture
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment torchrun gives its only worker: train.py's main() run in this process
+    then joins a process group of one (gloo) and shards the model."""
+    environment = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def one_rank_group(one_rank: None) -> Iterator[None]:
+    """Inside: a member of a process group of one, as train.py joins it under torchrun."""
+    with process_group(process_info(), "gloo", torch.device("cpu")):
+        yield
+
+
+def demo_config(tmp_path: Path, **sections: dict) -> dict:
+    """The shrunk demo (256 training samples, batch 32), FSDP, deterministic, with `sections`
+    merged into the config's sections."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"].update(epochs=1, deterministic=True, tensorboard=False)
+    config["distributed"] = {"strategy": "fsdp"}
+    for section, values in sections.items():
+        config[section].update(values)
+    return config
+
+
+# --- 16. SGD on sharded parameters ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer_type", ["SGD", "Adam", "AdamW"])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_kernels_chosen_on_cuda_are_those_the_parameters_take(optimizer_type, sharded):
+    chosen = kernel_args(optimizer_type, {}, fused_available=True, sharded=sharded)
+    # DTensor has a sharding rule for the fused Adam and AdamW, not for the fused SGD.
+    if sharded and optimizer_type == "SGD":
+        assert chosen == {"foreach": True}
+    else:
+        assert chosen == {"fused": True}
+    assert kernel_args(optimizer_type, {}, fused_available=False, sharded=sharded) == {}
+    assert (
+        kernel_args(optimizer_type, {"foreach": True}, fused_available=True, sharded=sharded) == {}
+    )
+
+
+@needs_gloo_fsdp
+@pytest.mark.parametrize("optimizer_type", ["SGD", "Adam", "AdamW"])
+def test_the_optimizer_built_for_cuda_steps_sharded_parameters(
+    one_rank_group: None, tmp_path: Path, optimizer_type: str
+) -> None:
+    """configs/imagenet_vit.json ships FSDP with SGD. The device decides the kernels (CUDA: fused
+    ones); the parameters here are CPU DTensors, which the fused kernels exist for as well."""
+    args = {"lr": 0.1, **({"momentum": 0.9} if optimizer_type == "SGD" else {})}
+    config = demo_config(tmp_path, optimizer={"type": optimizer_type, "args": args})
+    torch.manual_seed(0)
+    model = CifarCNN(in_shape=[3, 16, 16], widths=[8, 16], convs_per_block=1)
+    shard_model(model, amp_dtype=None, reshard_after_forward=True)
+    assert all(isinstance(parameter, DTensor) for parameter in model.parameters())
+    optimizer = build_optimizer(ConfigParser(config, source="x.json"), model, torch.device("cuda"))
+    nn.functional.cross_entropy(model(torch.randn(4, 3, 16, 16)), torch.arange(4)).backward()
+    optimizer.step()  # before: NotImplementedError, aten._fused_sgd_ has no sharding strategy
+    assert bool(optimizer.defaults["fused"]) == (optimizer_type != "SGD")
+    assert bool(optimizer.defaults["foreach"]) == (optimizer_type == "SGD")
+    config["optimizer"]["args"]["fused"] = True
+    if optimizer_type == "SGD":  # asked for in the config: refused in one line
+        with pytest.raises(ConfigError, match=r"optimizer\.args\.fused: not with .*DTensor"):
+            build_optimizer(ConfigParser(config, source="x.json"), model, torch.device("cuda"))
