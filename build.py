@@ -148,12 +148,14 @@ def build_trainer(
     if info.world_size > 1 and config["distributed"]["sync_bn"]:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     options = config["trainer"]
-    if options["channels_last"]:
+    fsdp = is_distributed() and config["distributed"]["strategy"] == "fsdp"
+    if options["channels_last"] and not fsdp:
         model = model.to(memory_format=torch.channels_last)  # NHWC: faster convolutions on GPUs
+    # Under FSDP only the inputs are (to_device): fully_shard refuses non-contiguous parameters,
+    # and gathers whole ones anyway; a convolution with a channels_last input runs in NHWC.
     if options["activation_checkpointing"]:
         count = checkpoint_activations(model)
         logger.info("Activation checkpointing: %d blocks recompute their activations.", count)
-    fsdp = is_distributed() and config["distributed"]["strategy"] == "fsdp"
     if fsdp:  # before the optimizer: fully_shard replaces the parameters with their shards
         check_fsdp_backend(torch.distributed.get_backend())
         count = shard_model(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, shrink
+from conftest import ROOT, run_main, shrink
 from ports import free_port
 from test_fsdp import needs_gloo_fsdp
 from torch import nn
@@ -96,3 +96,30 @@ def test_the_optimizer_built_for_cuda_steps_sharded_parameters(
     if optimizer_type == "SGD":  # asked for in the config: refused in one line
         with pytest.raises(ConfigError, match=r"optimizer\.args\.fused: not with .*DTensor"):
             build_optimizer(ConfigParser(config, source="x.json"), model, torch.device("cuda"))
+
+
+# --- 11. channels_last ----------------------------------------------------------------------------
+
+
+@needs_gloo_fsdp
+def test_channels_last_under_fsdp_trains_with_nhwc_convolutions(
+    one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config.json, imagenet.json and cifar10_fast.json set trainer.channels_last: fully_shard
+    refuses a channels_last model (non-contiguous parameters) on every rank; the inputs alone
+    in channels_last still make every convolution compute in NHWC."""
+    formats = []
+    real_forward = nn.Conv2d.forward
+
+    def recording(self: nn.Conv2d, images: torch.Tensor) -> torch.Tensor:
+        output = real_forward(self, images)
+        formats.append(output.is_contiguous(memory_format=torch.channels_last))
+        return output
+
+    monkeypatch.setattr(nn.Conv2d, "forward", recording)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(demo_config(tmp_path, trainer={"channels_last": True})))
+    result = run_main("train.py", "-c", str(config), "--run-id", "run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FSDP: 2 blocks and the root sharded over 1 process(es)" in result.stdout
+    assert formats and all(formats)
