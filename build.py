@@ -35,7 +35,7 @@ from utils.distributed.process_group import (
 from utils.distributed.sharding import check_fsdp_backend, checkpoint_activations, shard_model
 from utils.optim.optimizer import NORM_LAYERS, build_optimizer
 from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
-from utils.state.sharded import load_model_state
+from utils.state.model_state import load_model_state
 from utils.util import ConfigValueError, amp_dtype
 
 

@@ -15,7 +15,8 @@ from utils.optim.schedule import (
     schedule_change,
 )
 from utils.state.checkpoint import CheckpointError
-from utils.state.sharded import load_optimizer_shards, shards_folder
+from utils.state.model_state import load_optimizer_shards
+from utils.state.sharded import shards_folder
 from utils.state.training_state import parameter_names
 
 if TYPE_CHECKING:
