@@ -8,6 +8,7 @@ and FSDP shards the model all the same (its parameters become DTensors), without
 processes; those that need two ranks run under torchrun and are marked slow."""
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 from conftest import ROOT, run_main, shrink
 from ports import free_port
-from test_fsdp import needs_gloo_fsdp
+from test_fsdp import needs_gloo_fsdp, trained_weights
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -24,17 +25,21 @@ from parse_config import ConfigError, ConfigParser
 from utils.distributed.process_group import process_group, process_info
 from utils.distributed.sharding import shard_model
 from utils.optim.optimizer import build_optimizer, kernel_args
+from utils.state.checkpoint import load_checkpoint
 
 RUN = Path("models") / "Demo_CifarCNN"
 
 
+def one_rank_env() -> dict[str, str]:
+    """The environment torchrun gives its only worker: train.py's main() run in this process
+    with it joins a process group of one (gloo) and shards the model."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+
+
 @pytest.fixture
 def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The environment torchrun gives its only worker: train.py's main() run in this process
-    then joins a process group of one (gloo) and shards the model."""
-    environment = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
-    for name, value in environment.items():
+    for name, value in one_rank_env().items():
         monkeypatch.setenv(name, value)
 
 
@@ -43,6 +48,20 @@ def one_rank_group(one_rank: None) -> Iterator[None]:
     """Inside: a member of a process group of one, as train.py joins it under torchrun."""
     with process_group(process_info(), "gloo", torch.device("cpu")):
         yield
+
+
+def write_config(tmp_path: Path, name: str = "config.json", **sections: dict) -> Path:
+    """demo_config(tmp_path, **sections) written to tmp_path/name."""
+    path = tmp_path / name
+    path.write_text(json.dumps(demo_config(tmp_path, **sections)))
+    return path
+
+
+def train(*args: str, env: dict[str, str] | None = None) -> str:
+    """train.py's main(args) in this process; its output. env: one_rank_env() for FSDP."""
+    result = run_main("train.py", *args, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
 
 
 def demo_config(tmp_path: Path, **sections: dict) -> dict:
@@ -123,3 +142,35 @@ def test_channels_last_under_fsdp_trains_with_nhwc_convolutions(
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FSDP: 2 blocks and the root sharded over 1 process(es)" in result.stdout
     assert formats and all(formats)
+
+
+# --- 10. an ordinary checkpoint under FSDP --------------------------------------------------------
+
+
+@needs_gloo_fsdp
+def test_an_ordinary_checkpoint_resumes_and_fine_tunes_under_fsdp(tmp_path: Path) -> None:
+    """Its whole tensors go into FSDP's shards, the optimizer's by parameter name: the run then
+    goes on as it does unsharded (before: "do not fit the configured model", though the shapes
+    it named were equal)."""
+    config = write_config(tmp_path, distributed={"strategy": "ddp"})
+    train("-c", str(config), "--run-id", "plain")  # one process: an ordinary checkpoint
+    runs = tmp_path / "saved" / RUN
+    for name in ("unsharded", "sharded"):
+        shutil.copytree(runs / "plain", runs / name)
+    train("-r", str(runs / "unsharded"), "--epochs", "2")
+    log = train("-r", str(runs / "sharded"), "--epochs", "2",
+                "--set", "distributed.strategy=fsdp", env=one_rank_env())  # fmt: skip
+    assert "FSDP: 2 blocks and the root sharded over 1 process(es)" in log
+    assert "Resumed from" in log and "new optimizer" not in log
+    continued = runs / "sharded" / "checkpoint-epoch2.pth"
+    assert load_checkpoint(continued)["sharded"]
+    expected = trained_weights(runs / "unsharded" / "checkpoint-epoch2.pth")
+    for name, value in trained_weights(continued).items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6)
+
+    # Fine-tuning (-r CKPT -c CONFIG) under FSDP takes its weights alone.
+    fsdp_config = write_config(tmp_path, "fsdp.json")
+    log = train("-r", str(runs / "plain" / "checkpoint-epoch1.pth"), "-c", str(fsdp_config),
+                "--run-id", "tuned", env=one_rank_env())  # fmt: skip
+    assert "Fine-tuning from" in log
+    assert load_checkpoint(runs / "tuned" / "checkpoint-epoch1.pth")["epoch"] == 1
