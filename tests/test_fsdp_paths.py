@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import ROOT, run_main, shrink
 from ports import free_port
-from test_fsdp import needs_gloo_fsdp, trained_weights
+from test_fsdp import needs_gloo_fsdp, run_torchrun, trained_weights
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -174,3 +174,35 @@ def test_an_ordinary_checkpoint_resumes_and_fine_tunes_under_fsdp(tmp_path: Path
                 "--run-id", "tuned", env=one_rank_env())  # fmt: skip
     assert "Fine-tuning from" in log
     assert load_checkpoint(runs / "tuned" / "checkpoint-epoch1.pth")["epoch"] == 1
+
+
+# --- 8. validation on ranks with unequal batches --------------------------------------------------
+
+
+@needs_gloo_fsdp
+@pytest.mark.slow
+@pytest.mark.parametrize("num_val", [33, 1])
+def test_fsdp_validates_ranks_with_unequal_batches_as_one_process_does(
+    tmp_path: Path, num_val: int
+) -> None:
+    """33 validation samples in batches of 8 on 2 ranks: 3 batches on rank 0, 2 on rank 1; 1
+    sample: 1 batch and none. Rank 0 waited for rank 1's forward pass until distributed.timeout
+    (here 1 minute, 30 by default on gloo); now every sample is counted once, as test.py in
+    one process counts them."""
+    config = write_config(
+        tmp_path,
+        data_loader={"args": {"num_train": 64 + num_val, "validation_split": num_val,
+                              "batch_size": 8, "num_workers": 0}},
+        trainer={"len_epoch": 2},
+        distributed={"strategy": "fsdp", "timeout": 1},
+    )  # fmt: skip
+    run_torchrun("train.py", "-c", str(config), "--run-id", "run")
+    checkpoint = tmp_path / "saved" / RUN / "run" / "checkpoint-epoch1.pth"
+    output = tmp_path / "test.json"
+    result = run_main("test.py", "-r", str(checkpoint), "--split", "val", "--json", str(output))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report, recorded = json.loads(output.read_text()), load_checkpoint(checkpoint)["metrics"]
+    assert report["num_samples"] == num_val
+    for key in ("val/accuracy", "val/top_k_acc"):
+        assert report["metrics"][key] == recorded[key]
+    assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
