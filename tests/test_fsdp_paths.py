@@ -7,6 +7,7 @@ Most run in this process as torchrun's only worker (one_rank): it joins a proces
 and FSDP shards the model all the same (its parameters become DTensors), without starting
 processes; those that need two ranks run under torchrun and are marked slow."""
 
+import errno
 import json
 import shutil
 from collections.abc import Iterator
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_main, shrink
+from conftest import NUM_EXAMPLES, ROOT, run_main, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ports import free_port
 from test_fsdp import needs_gloo_fsdp, run_torchrun, trained_weights
 from torch import nn
@@ -26,6 +29,7 @@ from utils.distributed.process_group import process_group, process_info
 from utils.distributed.sharding import shard_model
 from utils.optim.optimizer import build_optimizer, kernel_args
 from utils.state.checkpoint import load_checkpoint
+from utils.state.sharded import ShardsError, check_shards, load_shards, write_shards
 
 RUN = Path("models") / "Demo_CifarCNN"
 
@@ -206,3 +210,111 @@ def test_fsdp_validates_ranks_with_unequal_batches_as_one_process_does(
     for key in ("val/accuracy", "val/top_k_acc"):
         assert report["metrics"][key] == recorded[key]
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
+
+
+# --- 9. DCP's errors ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A DCP folder of a few tensors, written in one process as a checkpoint's are; and them."""
+    folder = tmp_path_factory.mktemp("shards")
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"model": {"weight": torch.randn(8, 3, generator=generator),
+                         "bias": torch.randn(8, generator=generator)},
+               "optimizer": {"weight": {"exp_avg": torch.randn(8, 3, generator=generator)}}}  # fmt: skip
+    name, _ = write_shards(folder, tensors, global_step=1)
+    return folder / name, tensors
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_any_truncated_file_of_a_shards_folder_is_refused_before_loading(
+    shards: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory, num_examples: int
+) -> None:
+    """What check_shards passes loads: a copy cut short anywhere (a full disk, a transfer) is
+    refused by the check that lets a resume fall back to the checkpoint before, not by DCP's
+    load once the run has chosen it."""
+    folder, tensors = shards
+    files = sorted(path.name for path in folder.iterdir())
+    assert ".metadata" in files and any(name.endswith(".distcp") for name in files)
+
+    @settings(max_examples=num_examples)
+    @given(name=st.sampled_from(files), share=st.floats(0, 1, exclude_max=True))
+    def check(name: str, share: float) -> None:
+        copy = tmp_path_factory.mktemp("cut") / folder.name
+        shutil.copytree(folder, copy)
+        size = (copy / name).stat().st_size
+        with (copy / name).open("r+b") as file:
+            file.truncate(int(share * size))
+        with pytest.raises(ShardsError):
+            check_shards({"sharded": copy.name}, copy.parent / "checkpoint-epoch1.pth")
+
+    check()
+    check_shards({"sharded": folder.name}, folder.parent / "checkpoint-epoch1.pth")
+    loaded = {"model": {key: torch.zeros_like(value) for key, value in tensors["model"].items()}}
+    load_shards(loaded, folder, partial=True)
+    assert all(torch.equal(loaded["model"][key], tensors["model"][key]) for key in loaded["model"])
+
+
+def test_a_truncated_shard_of_the_newest_checkpoint_falls_back_to_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """Before: DCP's CheckpointException (a BaseException) passed every `except Exception` and
+    ended the resume in a traceback. The fallback retrains the lost epoch to the same weights."""
+    config = write_config(tmp_path, trainer={"epochs": 2})  # one process: the sharded format
+    train("-c", str(config), "--run-id", "run")
+    run_dir = tmp_path / "saved" / RUN / "run"
+    newest = run_dir / "checkpoint-epoch2.pth"
+    expected = trained_weights(newest)
+    folder = run_dir / load_checkpoint(newest)["sharded"]
+    (shard,) = folder.glob("*.distcp")
+    with shard.open("r+b") as file:
+        file.truncate(shard.stat().st_size // 2)
+    log = train("-r", str(run_dir))
+    assert f"{shard.name} is truncated" in log and "resuming from the checkpoint before it" in log
+    assert "checkpoint-epoch1.pth (epoch 1 done" in log
+    for name, value in trained_weights(newest).items():
+        assert torch.equal(value, expected[name]), name
+
+    # Damaged inside, its size intact: the check passes it, DCP's load fails, in one line.
+    (shard,) = (run_dir / load_checkpoint(newest)["sharded"]).glob("*.distcp")
+    with shard.open("r+b") as file:
+        file.seek(-64, 2)
+        file.write(bytes(64))
+    result = run_main("train.py", "-r", str(newest), "--epochs", "3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot load its shards: RuntimeError: PytorchStreamReader" in result.stderr
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_full_disk_inside_dcp_is_one_line_and_keeps_what_was_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool
+) -> None:
+    """Every shard write after epoch 1's checkpoint fails with ENOSPC (epoch 2's save; with
+    trainer.async_checkpoint its background write, found when epoch 3's save begins). Before:
+    DCP's CheckpointException ended the run in a traceback."""
+    import torch.distributed.checkpoint.filesystem as dcp_files
+
+    config = write_config(tmp_path, trainer={"epochs": 3, "async_checkpoint": background})
+    run_dir = tmp_path / "saved" / RUN / "run"
+    real_write_item = dcp_files._write_item
+
+    def full_disk(*args: object, **kwargs: object) -> object:
+        if (run_dir / "checkpoint-epoch1.pth").exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_item(*args, **kwargs)
+
+    monkeypatch.setattr(dcp_files, "_write_item", full_disk)
+    result = run_main("train.py", "-c", str(config), "--run-id", "run")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (
+        f"error: {run_dir}: cannot save the shards (OSError: [Errno 28] No space left on "
+        f"device); the checkpoints saved before are intact: make room, then resume with -r "
+        f"{run_dir}"
+    )
+    assert "Traceback" not in result.stderr
+    monkeypatch.undo()  # room made
+    log = train("-r", str(run_dir))
+    assert "checkpoint-epoch1.pth (epoch 1 done" in log
+    assert "Removed 1 shards folder(s) no checkpoint names" in log
+    assert load_checkpoint(run_dir / "checkpoint-epoch3.pth")["epoch"] == 3

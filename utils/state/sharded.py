@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -106,13 +107,45 @@ def shards_folder(state: dict, path: Path) -> Path | None:
 
 
 def check_shards(state: dict, path: Path) -> None:
-    """Refuse a sharded checkpoint whose folder is gone or its metadata unreadable or unsafe."""
+    """Refuse a sharded checkpoint whose folder is gone, its metadata unreadable or unsafe, or a
+    shard file shorter than the metadata says (a copy cut short, a full disk): found before a
+    resume chooses it, as load_checkpoint's mmap finds a truncated checkpoint file."""
     folder = shards_folder(state, path)
     if folder is None:
         return
     if not folder.is_dir():
         raise ShardsError(f"{path}: its shards folder {folder.name} is missing")
-    SafeReader(folder).read_metadata()
+    ends: dict[str, int] = {}  # shard file -> where its last record ends
+    for info in SafeReader(folder).read_metadata().storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        try:
+            size = (folder / name).stat().st_size
+        except OSError:
+            raise ShardsError(f"{path}: its shard file {folder.name}/{name} is missing") from None
+        if size < end:
+            raise ShardsError(
+                f"{path}: its shard file {folder.name}/{name} is truncated ({size} of {end} bytes)"
+            )
+
+
+@contextlib.contextmanager
+def dcp_errors() -> Iterator[None]:
+    """DCP reports a failure as a CheckpointException holding every failed rank's error, and
+    it derives from BaseException, which no `except Exception` catches: raise the lowest
+    failed rank's own error instead (an OSError stays one: a full disk)."""
+    try:
+        yield
+    except CheckpointException as error:
+        if not error.failures:
+            raise RuntimeError(" ".join(str(error).split())) from None
+        raise error.failures[min(error.failures)][0] from None
+
+
+def wait_for_shards(future: Future) -> None:
+    """The end of a background write (write_shards), its error as dcp_errors raises it."""
+    with dcp_errors():
+        future.result()
 
 
 # --- writing ---------------------------------------------------------------------------
@@ -145,7 +178,7 @@ def write_shards(
     DCP writes the folder's .metadata last."""
     name = broadcast_object(f"shards-step{global_step}-{secrets.token_hex(4)}.dcp")
     writer = dcp.FileSystemWriter(checkpoint_dir / name)
-    with single_process_quietly():  # one process without a process group: no collectives
+    with single_process_quietly(), dcp_errors():  # one process without a process group
         if background is False:
             dcp.save(shards, storage_writer=writer)
             return name, None
@@ -215,7 +248,7 @@ def _link_or_copy(source: str, target: str) -> None:
 def load_shards(template: dict, folder: Path, *, partial: bool = False) -> None:
     """DCP-load `folder` into `template` in place (resharded to this run's ranks)."""
     try:
-        with single_process_quietly():
+        with single_process_quietly(), dcp_errors():
             dcp.load(
                 template,
                 storage_reader=SafeReader(folder),
@@ -223,6 +256,6 @@ def load_shards(template: dict, folder: Path, *, partial: bool = False) -> None:
             )
     except ShardsError:
         raise
-    except Exception as error:  # DCP's CheckpointException wraps each rank's error
+    except Exception as error:  # e.g. a shard file damaged inside
         detail = " ".join(describe_error(error).split())[:300]
         raise ShardsError(f"{folder}: cannot load its shards: {detail}") from None
