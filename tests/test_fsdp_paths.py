@@ -9,6 +9,7 @@ processes; those that need two ranks run under torchrun and are marked slow."""
 
 import errno
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +24,15 @@ from test_fsdp import needs_gloo_fsdp, run_torchrun, trained_weights
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+import train as train_script
+from build import build_trainer
 from model.model import CifarCNN
 from parse_config import ConfigError, ConfigParser
 from utils.distributed.process_group import process_group, process_info
 from utils.distributed.sharding import shard_model
 from utils.optim.optimizer import build_optimizer, kernel_args
 from utils.state.checkpoint import load_checkpoint
+from utils.state.run_folder import find_resume_point
 from utils.state.sharded import ShardsError, check_shards, load_shards, write_shards
 
 RUN = Path("models") / "Demo_CifarCNN"
@@ -318,3 +322,55 @@ def test_a_full_disk_inside_dcp_is_one_line_and_keeps_what_was_saved(
     assert "checkpoint-epoch1.pth (epoch 1 done" in log
     assert "Removed 1 shards folder(s) no checkpoint names" in log
     assert load_checkpoint(run_dir / "checkpoint-epoch3.pth")["epoch"] == 3
+
+
+# --- 14. the optimizer state of parameters new to a changed config --------------------------------
+
+
+def resumed_optimizer_state(args: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Each parameter's optimizer state, as whole tensors by parameter name, once train.py's
+    `args` have resumed (built and resumed as train.py does, in this process)."""
+    config = ConfigParser.from_args(train_script.parse_args(args))
+    device = torch.device("cpu")
+    with process_group(process_info(), "gloo", device):  # under one_rank_env: FSDP
+        trainer = build_trainer(config, process_info(), device, logging.getLogger("test"))
+        trainer.resume(find_resume_point(config))
+        states = {
+            name: {
+                key: value.full_tensor() if isinstance(value, DTensor) else value
+                for key, value in trainer.optimizer.state.get(parameter, {}).items()
+            }
+            for name, parameter in trainer.model.named_parameters()
+        }
+        del trainer  # its sharded model holds the group: gone before it
+    return states
+
+
+@needs_gloo_fsdp
+@pytest.mark.parametrize("saved_by", ["ddp", "fsdp"])
+def test_parameters_new_to_a_changed_config_start_afresh_under_fsdp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, saved_by: str
+) -> None:
+    """Suspected: under FSDP their Adam state starts at step 1 (the state-dict helper gives every
+    parameter a state with a step on zero gradients). Refuted for a sharded checkpoint; true of
+    an ordinary one's whole tensors taken into FSDP's shards, until they dropped that state.
+    The state under FSDP is the state of the same resume in one process, parameter by
+    parameter: the saved one by name, none for those the checkpoint has none of."""
+    frozen = {"freeze": ["features.0"]}  # trained without the first block's parameters
+    config = write_config(tmp_path, arch=frozen, distributed={"strategy": saved_by})
+    train("-c", str(config), "--run-id", "run")
+    run_dir = tmp_path / "saved" / RUN / "run"
+    args = ["-r", str(run_dir), "--set", "arch.freeze=[]", "--epochs", "2",
+            "--set", "distributed.strategy=fsdp"]  # fmt: skip
+    reference = resumed_optimizer_state(args)  # one process: the model is not sharded
+    for name, value in one_rank_env().items():
+        monkeypatch.setenv(name, value)
+    sharded = resumed_optimizer_state(args)
+    new = [name for name in reference if name.startswith("features.0.")]
+    assert new and all(reference[name] == {} == sharded[name] for name in new)
+    assert reference.keys() == sharded.keys()
+    for name, state in reference.items():
+        assert state.keys() == sharded[name].keys(), name
+        for key, value in state.items():
+            assert torch.equal(sharded[name][key], value), (name, key)
+    assert all(state["step"] == 8 for name, state in reference.items() if name not in new)
