@@ -184,6 +184,25 @@ def test_an_ordinary_checkpoint_resumes_and_fine_tunes_under_fsdp(tmp_path: Path
     assert load_checkpoint(runs / "tuned" / "checkpoint-epoch1.pth")["epoch"] == 1
 
 
+@needs_gloo_fsdp
+@pytest.mark.slow
+def test_a_ddp_checkpoint_continues_under_fsdp_on_two_ranks_as_ddp_does(tmp_path: Path) -> None:
+    """Each rank takes its own shard of the whole tensors (Shard(0) of every parameter and of
+    its Adam moments): epoch 2 under FSDP ends where DDP's own epoch 2 ended."""
+    config = write_config(tmp_path, trainer={"epochs": 2}, distributed={"strategy": "ddp"})
+    run_torchrun("train.py", "-c", str(config), "--run-id", "ddp")
+    runs = tmp_path / "saved" / RUN
+    shutil.copytree(runs / "ddp", runs / "fsdp")
+    result = run_torchrun("train.py", "-r", str(runs / "fsdp" / "checkpoint-epoch1.pth"),
+                          "--set", "distributed.strategy=fsdp")  # fmt: skip
+    assert "FSDP: 2 blocks and the root sharded over 2 process(es)" in result.stdout
+    continued = runs / "fsdp" / "checkpoint-epoch2.pth"
+    assert load_checkpoint(continued)["sharded"]
+    expected = trained_weights(runs / "ddp" / "checkpoint-epoch2.pth")
+    for name, value in trained_weights(continued).items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5)
+
+
 # --- 8. validation on ranks with unequal batches --------------------------------------------------
 
 
