@@ -96,6 +96,14 @@ def test_the_kernels_chosen_on_cuda_are_those_the_parameters_take(optimizer_type
     else:
         assert chosen == {"fused": True}
     assert kernel_args(optimizer_type, {}, fused_available=False, sharded=sharded) == {}
+    # What optimizer.args chooses is kept (and never collides with what is added).
+    assert (
+        kernel_args(optimizer_type, {"fused": False}, fused_available=True, sharded=sharded) == {}
+    )
+    no_foreach = kernel_args(
+        optimizer_type, {"foreach": False}, fused_available=True, sharded=sharded
+    )
+    assert no_foreach == ({} if sharded and optimizer_type == "SGD" else {"fused": True})
     assert (
         kernel_args(optimizer_type, {"foreach": True}, fused_available=True, sharded=sharded) == {}
     )

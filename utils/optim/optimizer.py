@@ -64,14 +64,12 @@ def kernel_args(
     """What build_optimizer adds to optimizer.args: fused=True where the device has fused
     kernels (CUDA) for this optimizer and its parameters take them; for sharded parameters
     whose fused kernel DTensor cannot run (SGD), foreach=True, the multi-tensor kernels. Nothing
-    when optimizer.args chooses ("fused", or "foreach" true)."""
-    if not fused_available or optimizer_type not in FUSED_ON_CUDA:
-        return {}
-    if "fused" in args or args.get("foreach"):
+    when optimizer.args chooses: "fused", or "foreach" (true; for those, either)."""
+    if not fused_available or optimizer_type not in FUSED_ON_CUDA or "fused" in args:
         return {}
     if sharded and optimizer_type not in FUSED_ON_SHARDS:
-        return {"foreach": True}
-    return {"fused": True}
+        return {} if "foreach" in args else {"foreach": True}
+    return {} if args.get("foreach") else {"fused": True}
 
 
 def kind_of(module: nn.Module, name: str) -> set[str]:
