@@ -47,6 +47,7 @@ def one_rank_env() -> dict[str, str]:
 
 @pytest.fixture
 def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's train.py runs in this process as torchrun's only worker (one_rank_env)."""
     for name, value in one_rank_env().items():
         monkeypatch.setenv(name, value)
 
@@ -88,7 +89,9 @@ def demo_config(tmp_path: Path, **sections: dict) -> dict:
 
 @pytest.mark.parametrize("optimizer_type", ["SGD", "Adam", "AdamW"])
 @pytest.mark.parametrize("sharded", [False, True])
-def test_the_kernels_chosen_on_cuda_are_those_the_parameters_take(optimizer_type, sharded):
+def test_the_kernels_chosen_on_cuda_are_those_the_parameters_take(
+    optimizer_type: str, sharded: bool
+) -> None:
     chosen = kernel_args(optimizer_type, {}, fused_available=True, sharded=sharded)
     # DTensor has a sharding rule for the fused Adam and AdamW, not for the fused SGD.
     if sharded and optimizer_type == "SGD":
