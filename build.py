@@ -35,7 +35,7 @@ from utils.distributed.process_group import (
 from utils.distributed.sharding import check_fsdp_backend, checkpoint_activations, shard_model
 from utils.optim.optimizer import NORM_LAYERS, build_optimizer
 from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
-from utils.state.sharded import load_model_state
+from utils.state.model_state import load_model_state
 from utils.util import ConfigValueError, amp_dtype
 
 
@@ -148,12 +148,14 @@ def build_trainer(
     if info.world_size > 1 and config["distributed"]["sync_bn"]:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     options = config["trainer"]
-    if options["channels_last"]:
+    fsdp = is_distributed() and config["distributed"]["strategy"] == "fsdp"
+    if options["channels_last"] and not fsdp:
         model = model.to(memory_format=torch.channels_last)  # NHWC: faster convolutions on GPUs
+    # Under FSDP only the inputs are (to_device): fully_shard refuses non-contiguous parameters,
+    # and gathers whole ones anyway; a convolution with a channels_last input runs in NHWC.
     if options["activation_checkpointing"]:
         count = checkpoint_activations(model)
         logger.info("Activation checkpointing: %d blocks recompute their activations.", count)
-    fsdp = is_distributed() and config["distributed"]["strategy"] == "fsdp"
     if fsdp:  # before the optimizer: fully_shard replaces the parameters with their shards
         check_fsdp_backend(torch.distributed.get_backend())
         count = shard_model(

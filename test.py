@@ -101,8 +101,8 @@ def evaluate_checkpoint(
     from utils.distributed.process_group import ProcessInfo
     from utils.evaluation.confusion import ConfusionMatrix, confusion_results, draw_confusion_matrix
     from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
+    from utils.state.model_state import load_model_state
     from utils.state.resume import data_change
-    from utils.state.sharded import load_model_state
     from utils.state.timeline import choose
 
     setup_logging(None, verbosity=1)

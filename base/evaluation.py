@@ -11,7 +11,8 @@ from torch import nn
 
 from utils import unwrap_model
 from utils.data.batches import to_device
-from utils.distributed.process_group import sync_buffers
+from utils.distributed.process_group import broadcast_object, gather_objects, sync_buffers
+from utils.distributed.sharding import is_sharded
 from utils.evaluation.confusion import ConfusionMatrix
 from utils.evaluation.metric_sums import MetricSums
 from utils.evaluation.tta import AverageOverViews
@@ -29,16 +30,17 @@ def evaluate(
     test-time augmentation (trainer.tta_*), validation_step's model averages over views."""
     trainer.model.eval()
     sums = MetricSums(trainer.metric_fns, trainer.device)
+    num_padding, spare = forward_padding(trainer.model, loader, trainer.rank)
     with averaged_over_views(trainer, trainer.model):
         for batch in loader:
-            batch = to_device(batch, trainer.device, trainer.options["channels_last"])
-            with torch.autocast(
-                trainer.device.type, trainer.amp_dtype, trainer.amp_dtype is not None
-            ):
-                result = trainer.validation_step(batch)
+            spare = batch = to_device(batch, trainer.device, trainer.options["channels_last"])
+            result = run_validation_step(trainer, batch)
             sums.add(result)
             if observe is not None:
                 observe(result)
+        for _ in range(num_padding):  # as many forward passes as the other ranks; not counted
+            batch = to_device(spare, trainer.device, trainer.options["channels_last"])
+            run_validation_step(trainer, batch)
     return sums.result(prefix)
 
 
@@ -60,6 +62,30 @@ def averaged_over_views(trainer: "BaseTrainer", model: nn.Module) -> Iterator[No
         yield
     finally:
         trainer.model = kept
+
+
+def run_validation_step(trainer: "BaseTrainer", batch: Any) -> Any:
+    """validation_step on a batch already on the device, inside autocast."""
+    with torch.autocast(trainer.device.type, trainer.amp_dtype, trainer.amp_dtype is not None):
+        return trainer.validation_step(batch)
+
+
+def forward_padding(model: torch.nn.Module, loader: Any, rank: int) -> tuple[int, Any]:
+    """Under FSDP each forward pass is a collective (every block's shards are gathered), so a
+    rank with fewer batches than another (33 samples in batches of 8 on 2 ranks: 3 and 2) must
+    run as many, or the other waits until distributed.timeout. Returns how many validation
+    steps this rank adds, their results not counted, and for a rank with no batch of its own
+    a batch to run them on (the first of the rank with the most); (0, None) without FSDP,
+    whose forward passes need no other rank (DDP's neither)."""
+    if not is_sharded(unwrap_model(model)):
+        return 0, None
+    counts = gather_objects(len(loader))  # one collective per evaluation, not one per batch
+    most, spare = max(counts), None
+    if min(counts) == 0 < most:
+        donor = counts.index(most)
+        first = next(iter(loader)) if rank == donor else None
+        spare = broadcast_object(to_device(first, torch.device("cpu"), False), src=donor)
+    return most - counts[rank], spare
 
 
 def validate(trainer: "BaseTrainer") -> dict[str, float]:

@@ -37,12 +37,8 @@ from utils.distributed.sharding import (
     torch_version,
 )
 from utils.state.checkpoint import load_checkpoint
-from utils.state.sharded import (
-    SafeReader,
-    ShardsError,
-    collect_garbage,
-    load_model_state,
-)
+from utils.state.model_state import load_model_state
+from utils.state.sharded import SafeReader, ShardsError, collect_garbage
 from utils.util import UserError
 
 RUN = Path("models") / "Demo_CifarCNN"

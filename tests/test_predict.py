@@ -148,7 +148,7 @@ def argmax_of_test_py(checkpoint: Path) -> tuple[list[str], list[int]]:
     from parse_config import ConfigParser
     from utils.distributed.process_group import ProcessInfo
     from utils.state.checkpoint import load_checkpoint
-    from utils.state.sharded import load_model_state
+    from utils.state.model_state import load_model_state
 
     config = ConfigParser.from_args(test_script.parse_args(["-r", str(checkpoint)]))
     logger = logging.getLogger("test")

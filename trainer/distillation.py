@@ -22,7 +22,7 @@ from parse_config import ConfigParser
 from trainer.trainer import Trainer
 from utils import ConfigValueError
 from utils.state.checkpoint import load_checkpoint
-from utils.state.sharded import load_model_state
+from utils.state.model_state import load_model_state
 
 
 class DistillationTrainer(Trainer):

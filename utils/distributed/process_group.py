@@ -241,12 +241,12 @@ def on_rank0(function: Callable[..., Result], *args: object) -> Result:
     return result
 
 
-def broadcast_object(value: object) -> object:
-    """Rank 0's `value` on every rank."""
+def broadcast_object(value: object, src: int = 0) -> object:
+    """Rank `src`'s `value` on every rank."""
     if not is_distributed():
         return value
     holder = [value]
-    dist.broadcast_object_list(holder, src=0)
+    dist.broadcast_object_list(holder, src=src)
     return holder[0]
 
 

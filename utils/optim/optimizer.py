@@ -8,10 +8,14 @@ from torch import nn
 from parse_config import ConfigError, ConfigParser
 from utils.data.batches import lr_scale
 from utils.distributed.device import capabilities
+from utils.distributed.sharding import is_sharded
 
 # Optimizers whose fused CUDA kernels take GradScaler's inf check as a device tensor: with them
 # an fp16 step never waits on the GPU, while GradScaler.step reads it on the host otherwise.
 FUSED_ON_CUDA = ("Adam", "AdamW", "SGD")
+# Those whose fused kernel DTensor (FSDP's sharded parameters) has a sharding rule for: not SGD's
+# (aten._fused_sgd_ raises NotImplementedError at the first step), which takes foreach instead.
+FUSED_ON_SHARDS = ("Adam", "AdamW")
 # Layers whose weights scale normalised activations: decaying them towards 0 only fights the
 # normalisation (so torchvision's and timm's recipes exempt them, with every bias).
 NORM_LAYERS = (
@@ -27,27 +31,45 @@ def build_optimizer(
     split in two when norm_bias_weight_decay is set.
 
     Every learning rate is multiplied by lr_scale (with reference_batch_size). On CUDA, Adam,
-    AdamW and SGD use their fused kernels unless optimizer.args sets "fused" or "foreach".
+    AdamW and SGD use their fused kernels unless optimizer.args sets "fused" or "foreach"; SGD
+    over FSDP's shards its foreach kernels (kernel_args).
     """
     section = config["optimizer"]
     groups = parameter_groups(model, section.get("param_groups") or [], config.source)
     if section["norm_bias_weight_decay"] is not None:
         groups = split_norm_and_bias(model, groups, section["norm_bias_weight_decay"])
-    extra = {}
-    args = section["args"]
-    if (
-        capabilities(device).fused_optimizers
-        and section["type"] in FUSED_ON_CUDA
-        and "fused" not in args
-        and not args.get("foreach")
-    ):
-        extra["fused"] = True
+    sharded = is_sharded(model)
+    if sharded and section["args"].get("fused") and section["type"] not in FUSED_ON_SHARDS:
+        raise ConfigError(
+            f'{config.source}: optimizer.args.fused: not with distributed.strategy "fsdp": '
+            f"{section['type']}'s fused kernel does not take sharded parameters (DTensor)"
+        )
+    extra = kernel_args(
+        section["type"],
+        section["args"],
+        fused_available=capabilities(device).fused_optimizers,
+        sharded=sharded,
+    )
     optimizer = config.init_obj("optimizer", torch.optim, groups, **extra)
     scale = lr_scale(config, world_size)
     if scale != 1:  # the learning rate grows with the batch
         for group in optimizer.param_groups:
             group["lr"] *= scale
     return optimizer
+
+
+def kernel_args(
+    optimizer_type: str, args: dict, *, fused_available: bool, sharded: bool
+) -> dict[str, bool]:
+    """What build_optimizer adds to optimizer.args: fused=True where the device has fused
+    kernels (CUDA) for this optimizer and its parameters take them; for sharded parameters
+    whose fused kernel DTensor cannot run (SGD), foreach=True, the multi-tensor kernels. Nothing
+    when optimizer.args chooses: "fused", or "foreach" (true; for those, either)."""
+    if not fused_available or optimizer_type not in FUSED_ON_CUDA or "fused" in args:
+        return {}
+    if sharded and optimizer_type not in FUSED_ON_SHARDS:
+        return {} if "foreach" in args else {"foreach": True}
+    return {} if args.get("foreach") else {"fused": True}
 
 
 def kind_of(module: nn.Module, name: str) -> set[str]:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from utils.distributed.sharding import is_sharded
 from utils.optim.schedule import (
     SHAPE_KEYS,
     build_scheduler,
@@ -15,8 +16,10 @@ from utils.optim.schedule import (
     schedule_change,
 )
 from utils.state.checkpoint import CheckpointError
-from utils.state.sharded import load_optimizer_shards, shards_folder
+from utils.state.model_state import load_optimizer_shards, load_whole_optimizer_state
+from utils.state.sharded import shards_folder
 from utils.state.training_state import parameter_names
+from utils.util import unwrap_model
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
@@ -38,9 +41,16 @@ def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict, path: Pa
     saved_names = state.get("optimizer_params")
     names = parameter_names(trainer.model, optimizer)
     sharded = shards_folder(state, path) is not None
+    # An ordinary checkpoint's whole tensors into FSDP's shards: by name, as a sharded one's.
+    into_shards = not sharded and is_sharded(unwrap_model(trainer.model))
     if change is None and (saved_names is None or saved_names == names):
         if sharded:
             load_optimizer_shards(trainer.model, optimizer, state, path, whole=True)
+            return True
+        if into_shards:
+            load_whole_optimizer_state(
+                trainer.model, optimizer, state, saved_names or names, whole=True
+            )
             return True
         try:
             optimizer.load_state_dict(state["optimizer"])
@@ -51,8 +61,13 @@ def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict, path: Pa
     if saved["optimizer"]["type"] != current["optimizer"]["type"] or saved_names is None:
         logger.warning("%s: a new optimizer, its state starts afresh.", change)
         return False
-    if sharded:  # its state is kept by parameter name
-        count = load_optimizer_shards(trainer.model, optimizer, state, path, whole=False)
+    if sharded or into_shards:  # its state is kept, or taken, by parameter name
+        if sharded:
+            count = load_optimizer_shards(trainer.model, optimizer, state, path, whole=False)
+        else:
+            count = load_whole_optimizer_state(
+                trainer.model, optimizer, state, saved_names, whole=False
+            )
         flat_count = sum(len(group) for group in names)
         logger.warning(
             "%s: learning rates, weight decay and parameter groups as the config says now; the "

@@ -9,8 +9,8 @@ from utils.data.batches import remaining_batches
 from utils.data.sampler import EpochSampler
 from utils.distributed.process_group import world_size
 from utils.state.checkpoint import load_checkpoint
+from utils.state.model_state import load_model_state
 from utils.state.optimizer_state import restore_optimizer, restore_schedule, steps_done
-from utils.state.sharded import load_model_state
 from utils.state.timeline import ResumePoint
 from utils.util import UserError, derive_seed, seed_everything, set_rng_state, unwrap_model
 

@@ -23,17 +23,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from utils.distributed.process_group import broadcast_object
-from utils.state.checkpoint import CheckpointError, ema_weights, load_checkpoint
+from utils.state.checkpoint import CheckpointError, load_checkpoint
 from utils.util import describe_error, unwrap_model
 
 KEY = "sharded"  # in a checkpoint file: the name of its DCP folder, beside it
@@ -112,13 +107,45 @@ def shards_folder(state: dict, path: Path) -> Path | None:
 
 
 def check_shards(state: dict, path: Path) -> None:
-    """Refuse a sharded checkpoint whose folder is gone or its metadata unreadable or unsafe."""
+    """Refuse a sharded checkpoint whose folder is gone, its metadata unreadable or unsafe, or a
+    shard file shorter than the metadata says (a copy cut short, a full disk): found before a
+    resume chooses it, as load_checkpoint's mmap finds a truncated checkpoint file."""
     folder = shards_folder(state, path)
     if folder is None:
         return
     if not folder.is_dir():
         raise ShardsError(f"{path}: its shards folder {folder.name} is missing")
-    SafeReader(folder).read_metadata()
+    ends: dict[str, int] = {}  # shard file -> where its last record ends
+    for info in SafeReader(folder).read_metadata().storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        try:
+            size = (folder / name).stat().st_size
+        except OSError:
+            raise ShardsError(f"{path}: its shard file {folder.name}/{name} is missing") from None
+        if size < end:
+            raise ShardsError(
+                f"{path}: its shard file {folder.name}/{name} is truncated ({size} of {end} bytes)"
+            )
+
+
+@contextlib.contextmanager
+def dcp_errors() -> Iterator[None]:
+    """DCP reports a failure as a CheckpointException holding every failed rank's error, and
+    it derives from BaseException, which no `except Exception` catches: raise the lowest
+    failed rank's own error instead (an OSError stays one: a full disk)."""
+    try:
+        yield
+    except CheckpointException as error:
+        if not error.failures:
+            raise RuntimeError(" ".join(str(error).split())) from None
+        raise error.failures[min(error.failures)][0] from None
+
+
+def wait_for_shards(future: Future) -> None:
+    """The end of a background write (write_shards), its error as dcp_errors raises it."""
+    with dcp_errors():
+        future.result()
 
 
 # --- writing ---------------------------------------------------------------------------
@@ -151,7 +178,7 @@ def write_shards(
     DCP writes the folder's .metadata last."""
     name = broadcast_object(f"shards-step{global_step}-{secrets.token_hex(4)}.dcp")
     writer = dcp.FileSystemWriter(checkpoint_dir / name)
-    with single_process_quietly():  # one process without a process group: no collectives
+    with single_process_quietly(), dcp_errors():  # one process without a process group
         if background is False:
             dcp.save(shards, storage_writer=writer)
             return name, None
@@ -218,10 +245,10 @@ def _link_or_copy(source: str, target: str) -> None:
 # --- reading ---------------------------------------------------------------------------
 
 
-def _load(template: dict, folder: Path, *, partial: bool = False) -> None:
+def load_shards(template: dict, folder: Path, *, partial: bool = False) -> None:
     """DCP-load `folder` into `template` in place (resharded to this run's ranks)."""
     try:
-        with single_process_quietly():
+        with single_process_quietly(), dcp_errors():
             dcp.load(
                 template,
                 storage_reader=SafeReader(folder),
@@ -229,60 +256,6 @@ def _load(template: dict, folder: Path, *, partial: bool = False) -> None:
             )
     except ShardsError:
         raise
-    except Exception as error:  # DCP's CheckpointException wraps each rank's error
+    except Exception as error:  # e.g. a shard file damaged inside
         detail = " ".join(describe_error(error).split())[:300]
         raise ShardsError(f"{folder}: cannot load its shards: {detail}") from None
-
-
-def load_model_state(model: nn.Module, state: dict, path: Path, *, ema: bool = False) -> None:
-    """Load state["model"] (or with ema, the averaged weights; or from a sharded checkpoint's
-    folder) into `model` (unwrapped from DDP; sharded by FSDP or not); a mismatch is a
-    CheckpointError."""
-    if shards_folder(state, path) is not None and not ema:
-        load_model_shards(model, state, path)
-        return
-    model = unwrap_model(model)
-    try:
-        model.load_state_dict(ema_weights(state, path) if ema else state["model"])
-    except RuntimeError as error:
-        detail = " ".join(str(error).split())[:300]
-        arch = state["config"].get("arch", {}).get("type", "?")
-        raise CheckpointError(
-            f"{path}: its weights (arch {arch}) do not fit the configured model: {detail}"
-        ) from None
-
-
-def load_model_shards(model: nn.Module, state: dict, path: Path) -> None:
-    """The model's weights from a sharded checkpoint, into `model` sharded or not (test.py,
-    predict.py and export.py in one process without a process group)."""
-    check_shards(state, path)
-    model = unwrap_model(model)
-    weights = get_model_state_dict(model)
-    _load({"model": weights}, shards_folder(state, path))
-    set_model_state_dict(model, weights)
-
-
-def load_optimizer_shards(
-    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, path: Path, *, whole: bool
-) -> int:
-    """The per-parameter optimizer state of a sharded checkpoint, by parameter name. whole: with
-    its saved param_groups (the config is unchanged); else with the optimizer's own. Returns
-    how many parameters got their state."""
-    model = unwrap_model(model)
-    _, current = get_state_dict(model, optimizer)  # a template: every parameter's state, zeros
-    saved = state["optimizer"]
-    names = [name for name in current["state"] if name in saved["extra"]]
-    tensors = {
-        name: {k: v for k, v in current["state"][name].items() if isinstance(v, torch.Tensor)}
-        for name in names
-    }
-    _load({"optimizer": tensors}, shards_folder(state, path), partial=True)
-    loaded = {name: {**tensors[name], **saved["extra"][name]} for name in names}
-    groups = saved["param_groups"] if whole else current["param_groups"]
-    set_optimizer_state_dict(
-        model,
-        optimizer,
-        {"state": loaded, "param_groups": groups},
-        options=StateDictOptions(strict=False),
-    )
-    return len(loaded)

@@ -23,7 +23,13 @@ from utils.state.checkpoint import (
     write_latest,
 )
 from utils.state.sharded import KEY as SHARDS_KEY
-from utils.state.sharded import checkpoint_group, collect_garbage, split_state, write_shards
+from utils.state.sharded import (
+    checkpoint_group,
+    collect_garbage,
+    split_state,
+    wait_for_shards,
+    write_shards,
+)
 from utils.util import SaveError, StopInEpoch, describe_error, get_rng_state, unwrap_model
 
 if TYPE_CHECKING:
@@ -178,12 +184,10 @@ def save(
     if background and trainer.checkpoint_group is None:
         trainer.checkpoint_group = checkpoint_group()
     if shards is not None and (path is not None or improved or in_top_k):
+        group = background and trainer.checkpoint_group
         try:  # DCP raises every rank's error on every rank
             state[SHARDS_KEY], future = write_shards(
-                trainer.checkpoint_dir,
-                shards,
-                trainer.state.global_step,
-                background=background and trainer.checkpoint_group,
+                trainer.checkpoint_dir, shards, trainer.state.global_step, background=group
             )
         except Exception as error:
             raise SaveError(
@@ -223,7 +227,7 @@ def finish_pending(trainer: "BaseTrainer") -> None:
     if pending is None:
         return
     try:
-        pending.future.result()
+        wait_for_shards(pending.future)
     except Exception as error:
         raise SaveError(
             f"{trainer.checkpoint_dir}: cannot save the shards ({describe_error(error)}); "
