@@ -112,7 +112,7 @@ def mirrored(data: ImageFolderDataLoader, epoch: int) -> set[int]:
     loader = data.train_loader()
     loader.sampler.set_epoch(epoch)
     order = [int(index) for index in loader.sampler]
-    images = all_batches(loader)[0]
+    images = all_batches(loader)[0].cpu()  # from a GPU too (test_gpu_paths.py)
     plain = data.view("train", augment=False)
     found = set()
     for index, image in zip(order, images, strict=True):
@@ -122,8 +122,8 @@ def mirrored(data: ImageFolderDataLoader, epoch: int) -> set[int]:
     return found
 
 
-def alternating(root: Path, decode: str, seed: int) -> ImageFolderDataLoader:
-    args = {"batch_size": 4, "seed": seed, "preset": "cifar", "image_size": 36}
+def alternating(root: Path, decode: str, seed: int, device: str = "cpu") -> ImageFolderDataLoader:
+    args = {"batch_size": 4, "seed": seed, "preset": "cifar", "image_size": 36, "device": device}
     return ImageFolderDataLoader(
         str(root), decode=decode, flip="alternating", crop_padding=0, **args
     )
