@@ -19,7 +19,7 @@ from data_loader.image_loader import ImageDataLoader, load_image, load_image_ten
 from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import SyntheticShapes
 from data_loader.tabular import TabularDataLoader
-from data_loader.transforms import IMAGE_SIZES, PRESETS, STATS
+from data_loader.transforms import IMAGE_SIZES, PRESETS, STATS, augmentation_policy
 from utils import ConfigValueError, describe_error
 from utils.data.sampler import EpochSampler
 
@@ -208,10 +208,14 @@ class ImageFolderDataLoader(ImageDataLoader):
         transform without the conversion and normalisation, which run on the whole batch, and
         without random erasing, which runs after them (device_decode.erase_randomly)."""
         size = self.image_size or IMAGE_SIZES[self.preset]
-        options = {**self.augmentation, "random_erasing": 0.0}
+        options = {**self.augmentation, "random_erasing": 0.0, "auto_augment": None}
         steps = PRESETS[self.preset](augment, image_size=size, **options).transforms
         assert isinstance(steps[-2], v2.ToDtype) and isinstance(steps[-1], v2.Normalize)
-        return v2.Compose(steps[:-2])
+        # The policy where the preset puts it, after crop and flip, in its variant for the
+        # device: torchvision's copies a matrix to the device per image it shears, translates
+        # or rotates.
+        name = self.augmentation["auto_augment"] if augment else None
+        return v2.Compose(steps[:-2] + augmentation_policy(name, self.preset, on_device=True))
 
 
 class SyntheticDataLoader(ImageDataLoader):

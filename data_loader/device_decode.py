@@ -112,7 +112,13 @@ class DeviceDecodedBatches:
         for data, labels, indices in self.files:
             images = self.decode(data, [samples[index][0] for index in indices])
             # Crops and flips one image at a time: the images differ in size until cropped.
-            batch = torch.stack([self.transform(image) for image in images])  # (B, C, H, W)
+            # Alternating flips come with each index (the sampler's SeededIndex) and follow the
+            # transform, as on the PIL path (TransformedDataset).
+            transformed = []
+            for image, index in zip(images, indices, strict=True):
+                image = self.transform(image)
+                transformed.append(image.flip(-1) if getattr(index, "flip", None) else image)
+            batch = torch.stack(transformed)  # (B, C, H, W)
             batch = self.normalise(batch)
             if self.random_erasing > 0:
                 erase_randomly(batch, self.random_erasing)

@@ -125,8 +125,9 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         sampler = self.sampler
-        # This rank's indices of the pass from the sampler's `start`, copied to the device once.
-        order = torch.tensor(list(sampler), dtype=torch.int64).to(self.images.device)
+        # This rank's indices of the pass from the sampler's `start`, copied to the device once
+        # (as one array: not the sampler's per-sample Python objects).
+        order = torch.from_numpy(sampler.pass_indices()).to(self.images.device)
         end = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
         first = sampler.start // self.batch_size  # batches of the pass already done (a resume)
         for number, begin in enumerate(range(0, end, self.batch_size), start=first):

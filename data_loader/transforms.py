@@ -7,6 +7,11 @@ from collections.abc import Callable
 import torch
 from torchvision.transforms import v2
 
+from data_loader.device_augment import (
+    DeviceAutoAugment,
+    DeviceRandAugment,
+    DeviceTrivialAugmentWide,
+)
 from utils import ConfigValueError
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -22,16 +27,20 @@ FLIPS = ("random", "alternating", "none")
 PADDING_MODES = ("constant", "reflect")
 
 
-def augmentation_policy(name: str | None, preset: str) -> list[Callable]:
-    """The policy `name` as a list of one transform (of uint8 images), or none."""
+def augmentation_policy(
+    name: str | None, preset: str, *, on_device: bool = False
+) -> list[Callable]:
+    """The policy `name` as a list of one transform (of uint8 images), or none. on_device: its
+    variant for images on the training device, the same draws and images without a host sync
+    per image (data_loader/device_augment.py)."""
     if name is None:
         return []
     if name == "trivialaugment":
-        return [v2.TrivialAugmentWide()]
+        return [DeviceTrivialAugmentWide() if on_device else v2.TrivialAugmentWide()]
     if name == "randaugment":
-        return [v2.RandAugment()]
+        return [DeviceRandAugment() if on_device else v2.RandAugment()]
     policy = v2.AutoAugmentPolicy.CIFAR10 if preset == "cifar" else v2.AutoAugmentPolicy.IMAGENET
-    return [v2.AutoAugment(policy)]
+    return [DeviceAutoAugment(policy) if on_device else v2.AutoAugment(policy)]
 
 
 def cifar_transform(

@@ -46,20 +46,14 @@ def _detach_log_handlers():
     root.setLevel(level)
 
 
-# Global switches tests may flip (configure_torch, set_tf32): (object, attribute). torch >= 2.9
-# has the per-backend fp32_precision settings, older torch only the allow_tf32 flags.
-TORCH_FLAGS = [(torch.backends.cudnn, "benchmark")]
-for owner in ("cuda.matmul", "cudnn.conv", "cudnn.rnn"):
-    found = torch.backends
-    for part in owner.split("."):
-        found = getattr(found, part, None)
-    if found is not None and hasattr(found, "fp32_precision"):
-        TORCH_FLAGS.append((found, "fp32_precision"))
-if len(TORCH_FLAGS) == 1:
-    TORCH_FLAGS += [
-        (torch.backends.cuda.matmul, "allow_tf32"),
-        (torch.backends.cudnn, "allow_tf32"),
-    ]
+# Global switches tests may flip (configure_torch, set_tf32): (object, attribute). The TF32
+# flags are read and written through `allow_tf32`, as set_tf32 writes them: on torch >= 2.9,
+# writing the newer fp32_precision settings back would make `allow_tf32` unreadable afterwards.
+TORCH_FLAGS = [
+    (torch.backends.cudnn, "benchmark"),
+    (torch.backends.cuda.matmul, "allow_tf32"),
+    (torch.backends.cudnn, "allow_tf32"),
+]
 
 
 @contextlib.contextmanager
@@ -70,18 +64,15 @@ def torch_state_kept() -> Iterator[None]:
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    flags = {name: getattr(owner, name) for owner, name in TORCH_FLAGS if hasattr(owner, name)}
+    flags = [getattr(owner, name) for owner, name in TORCH_FLAGS]
     try:
         yield
     finally:
         torch.set_rng_state(rng_state)
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-        for owner, name in TORCH_FLAGS:
-            # Set back only what changed: torch >= 2.9 refuses to read allow_tf32 once the
-            # newer fp32_precision settings were written, and the other way round.
-            if hasattr(owner, name) and name in flags and getattr(owner, name) != flags[name]:
-                setattr(owner, name, flags[name])
+        for (owner, name), value in zip(TORCH_FLAGS, flags, strict=True):
+            setattr(owner, name, value)
 
 
 # Property tests (hypothesis) search a bounded number of inputs in the fast run and more under

@@ -11,7 +11,9 @@ import pytest
 import torch
 from cifar_archive import CLASSES as CIFAR_CLASSES
 from cifar_archive import NUM_PER_BATCH, NUM_TEST, PLANTED
-from conftest import NO_SAMPLE, SAMPLE_DIR, checkpoint_dirs, run_main
+from conftest import NO_SAMPLE, NUM_EXAMPLES, SAMPLE_DIR, checkpoint_dirs, run_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from base import EpochSampler
@@ -24,6 +26,7 @@ from data_loader.data_loaders import (
 from data_loader.synthetic import CLASS_NAMES, SyntheticShapes, generate
 from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD, cifar_transform
 from utils import derive_seed
+from utils.data.sampler import alternating_flips
 
 MEAN = torch.tensor(CIFAR10_MEAN).view(3, 1, 1)
 STD = torch.tensor(CIFAR10_STD).view(3, 1, 1)
@@ -279,6 +282,59 @@ def test_epoch_sampler_shares_with_padding(shuffle):
     assert [len(sampler) for sampler in samplers] == [6, 6]
     assert set(shares[0]) | set(shares[1]) == set(indices)
     assert len(set(shares[0]) & set(shares[1])) == 1  # only the one padding sample repeats
+
+
+samplers = st.fixed_dictionaries(
+    {
+        "num_indices": st.integers(0, 40),
+        "draws": st.sampled_from(["in order", "permutation", "replacement", "weighted"]),
+        "num_samples": st.one_of(st.none(), st.integers(1, 90)),
+        "num_replicas": st.integers(1, 3),
+        "rank": st.integers(0, 2),
+        "pad": st.booleans(),
+        "flips": st.booleans(),
+        "epoch": st.integers(0, 5),
+        "pass_index": st.integers(0, 2),
+        "skip": st.integers(0, 50),
+    }
+)
+
+
+def make_sampler(case: dict) -> EpochSampler:
+    """The EpochSampler a `samplers` case describes, at its epoch, pass and skip."""
+    shuffle = case["draws"] != "in order"
+    indices = list(range(100, 100 + case["num_indices"]))
+    sampler = EpochSampler(
+        indices,
+        shuffle=shuffle,
+        seed=7,
+        num_replicas=case["num_replicas"],
+        rank=case["rank"] % case["num_replicas"],
+        pad=case["pad"],
+        replacement=case["draws"] == "replacement",
+        num_samples=case["num_samples"] if shuffle else None,
+        weights=[1 + index % 3 for index in indices] if case["draws"] == "weighted" else None,
+    )
+    if case["flips"]:
+        sampler.flips = alternating_flips(200, seed=7)
+    sampler.set_epoch(case["epoch"], case["pass_index"], skip=case["skip"])
+    return sampler
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_pass_indices_are_the_indices_iteration_yields(num_examples):
+    """pass_indices, the array pipeline "device" copies to the device, is the order iteration
+    gives (issue 31, item 18), for every kind of draw, share, padding and resume skip."""
+
+    @settings(max_examples=num_examples)
+    @given(samplers)
+    def check(case: dict) -> None:
+        sampler = make_sampler(case)
+        indices = sampler.pass_indices()
+        assert indices.dtype == np.int64
+        assert indices.tolist() == [int(index) for index in sampler]
+
+    check()
 
 
 # --- Cifar10DataLoader on a generated archive in torchvision's format ------------------------

@@ -14,6 +14,7 @@ from data_loader.device_pipeline import crop_and_flip
 from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD
 from utils import ConfigValueError
 from utils.data.batches import epoch_batches
+from utils.data.sampler import EpochSampler
 
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
@@ -86,6 +87,24 @@ def test_batches_follow_the_sampler_of_each_rank(args):
         assert len(loader) == -(-len(order) // 8)
         assert torch.equal(images, torch.stack([samples[index][0] for index in order]))
         assert labels.tolist() == [samples[index][1] for index in order]
+
+
+def test_a_pass_is_ordered_without_a_python_object_per_sample(monkeypatch):
+    """The pass's order comes from the sampler's index array (issue 31, item 18): iterating the
+    sampler makes a SeededIndex per sample, 70-250 ms for a 45,000-sample pass."""
+    data = synthetic(pipeline="device")
+    loader = data.train_loader()
+    loader.sampler.set_epoch(2)
+    order = [int(index) for index in loader.sampler]
+    expected = all_batches(loader)
+
+    def no_iteration(sampler):
+        raise AssertionError("the sampler was iterated")
+
+    monkeypatch.setattr(EpochSampler, "__iter__", no_iteration)
+    images, labels = all_batches(loader)
+    assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
+    assert labels.tolist() == data.labels("train")[order].tolist()
 
 
 @pytest.mark.parametrize("size", [32, 30])  # padded rows of whole 4-byte words, and not

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_main, shrink
+from conftest import NUM_EXAMPLES, ROOT, run_main, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -29,7 +31,7 @@ from utils.distributed.process_group import ProcessInfo, default_backend, init_d
 from utils.optim.optimizer import build_optimizer
 from utils.state.checkpoint import save_checkpoint
 from utils.state.training_state import checkpoint_state
-from utils.util import set_tf32, tf32_enabled
+from utils.util import configure_torch, set_tf32, tf32_enabled
 
 RUN = Path("models") / "Demo_CifarCNN"
 
@@ -134,6 +136,60 @@ def test_tf32_false_turns_off_convolutions_that_torch_runs_in_tf32_by_default(re
     trainer_config = {**ConfigParser(config, source="t")["trainer"], "tf32": False}
     configure_torch(trainer_config, torch.device("cuda"))  # sets flags only, no GPU needed
     assert tf32_enabled() == (False, False)
+
+
+def tf32_readings() -> dict[str, bool]:
+    """Whether TF32 is on, read through every getter torch has: the older allow_tf32 flags and
+    get_float32_matmul_precision, and torch >= 2.9's fp32_precision settings. Inductor reads
+    both kinds; torch raises on reading the older ones after only the newer were written."""
+    readings = {
+        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision() == "high",
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        readings["matmul.fp32_precision"] = torch.backends.cuda.matmul.fp32_precision == "tf32"
+        for op in ("conv", "rnn"):
+            setting = getattr(torch.backends.cudnn, op).fp32_precision
+            readings[f"cudnn.{op}.fp32_precision"] = setting == "tf32"
+    return readings
+
+
+def demo_trainer_config() -> dict:
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), Path("unused"))
+    return dict(ConfigParser(config, source="t")["trainer"])
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_tf32_reads_back_through_both_of_torchs_apis(num_examples):
+    """Whatever trainer.tf32 runs set before, every getter reads the last one (issue 31, item 17)."""
+    trainer_config = demo_trainer_config()
+
+    @settings(max_examples=num_examples)
+    @given(st.lists(st.booleans(), min_size=1, max_size=4))
+    def check(values: list[bool]) -> None:
+        for enabled in values:
+            configure_torch({**trainer_config, "tf32": enabled}, torch.device("cuda"))
+        readings = tf32_readings()
+        assert readings == dict.fromkeys(readings, values[-1])
+
+    check()
+
+
+def test_tf32_then_compile_with_autotuning_still_compiles():
+    # The reported failure: Inductor's autotuning reads get_float32_matmul_precision(), which
+    # raised after trainer.tf32. The CPU takes that path when freezing weights for inference.
+    configure_torch({**demo_trainer_config(), "tf32": True}, torch.device("cuda"))
+    model = nn.Linear(64, 64).eval()
+    inputs = torch.randn(64, 64)
+    torch._dynamo.reset()
+    try:
+        with torch._inductor.config.patch(freezing=True, fx_graph_cache=False):
+            compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(inputs), model(inputs))
+    finally:
+        torch._dynamo.reset()
 
 
 # --- 6. the process-group backend follows the model's device ------------------------------------

@@ -1,8 +1,10 @@
 """The resume-related GPU paths on a real GPU (benchmarks/gpu_check.sh runs them; skipped without
 CUDA): JPEGs decoded on the GPU never overwrite memory queued work still reads, the averaged
 weights, the metric sums and every shipped metric update without a host sync, and cuda:N
-becomes the current device."""
+becomes the current device. And issue 31's GPU paths: alternating flips with decode "device",
+auto_augment there without a host sync per image, trainer.tf32 with torch.compile's autotuning."""
 
+import time
 import warnings
 from pathlib import Path
 
@@ -10,13 +12,16 @@ import pytest
 import torch
 from PIL import Image
 from test_evaluation import CLASSIFICATION, SHIPPED
+from test_image_folder_pipelines import alternating, mirrored, write_images
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from data_loader.data_loaders import ImageFolderDataLoader
+from data_loader.transforms import AUTO_AUGMENT, augmentation_policy
 from utils.distributed.device import use_device
 from utils.evaluation.metric_sums import MetricSums, StepOutput
 from utils.optim.averaging import update_average
+from utils.util import set_tf32
 
 pytestmark = [
     pytest.mark.gpu,
@@ -114,3 +119,70 @@ def test_a_named_gpu_becomes_the_current_device():
         assert torch.empty(1, device="cuda").device.index == 1
     finally:
         torch.cuda.set_device(0)
+
+
+# --- issue 31 ---------------------------------------------------------------------------------
+
+
+def test_alternating_flips_on_the_gpu_mirror_what_pil_mirrors(tmp_path: Path):
+    """Item 15: decode "device" on the GPU mirrors the PIL path's images in the same epochs."""
+    root = write_images(tmp_path / "images", {"train": ".jpg"})
+    pil, gpu = alternating(root, "pil", 0), alternating(root, "device", 0, device="cuda")
+    passes = [mirrored(gpu, epoch) for epoch in (1, 2)]
+    assert passes == [mirrored(pil, epoch) for epoch in (1, 2)]
+    assert sum(len(indices) for indices in passes) == 9
+
+
+@pytest.mark.parametrize("name", AUTO_AUGMENT)
+def test_auto_augment_on_the_gpu_gives_torchvisions_images_without_a_host_sync(name: str):
+    """Item 18: the device policy replays torchvision's draws on GPU images bit for bit, and
+    makes no sync once each draw's map exists; torchvision's own syncs per image, printed."""
+    (policy,) = augmentation_policy(name, "imagenet")
+    (on_device,) = augmentation_policy(name, "imagenet", on_device=True)
+    images = torch.randint(0, 256, (256, 3, 176, 176), dtype=torch.uint8, device="cuda")
+
+    def run(transform) -> torch.Tensor:
+        torch.default_generator.manual_seed(0)  # the CPU generator the policies draw from
+        return torch.stack([transform(image) for image in images])
+
+    expected = run(policy)
+    assert torch.equal(run(on_device), expected)
+    assert syncs(lambda: run(on_device)) == []
+    for label, transform in (("torchvision", policy), ("device variant", on_device)):
+        run(transform)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        count = len(syncs(lambda transform=transform: run(transform)))
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        per_image = f"{count / len(images):.2f} syncs, {seconds / len(images) * 1e3:.2f} ms"
+        print(f"{name}, {label}: per image {per_image}")
+
+
+def test_tf32_reaches_the_kernels_and_compile_autotunes_after_it():
+    """Item 17: trainer.tf32 turns TF32 on and off for matrix products and cuDNN convolutions,
+    and torch.compile's max-autotune (which reads get_float32_matmul_precision) compiles after."""
+    a, b = torch.randn(2, 1024, 1024, device="cuda")
+    images, weight = (
+        torch.randn(8, 64, 32, 32, device="cuda"),
+        torch.randn(64, 64, 3, 3, device="cuda"),
+    )
+    exact = [a.double() @ b.double(), torch.nn.functional.conv2d(images.double(), weight.double())]
+    errors = {}
+    for enabled in (True, False):
+        set_tf32(enabled)
+        outputs = [a @ b, torch.nn.functional.conv2d(images, weight)]
+        errors[enabled] = [
+            (out - ref).abs().max().item() for out, ref in zip(outputs, exact, strict=True)
+        ]
+    print("max error with TF32 on / off (matmul, conv):", errors[True], errors[False])
+    assert all(on > 10 * off for on, off in zip(errors[True], errors[False], strict=True))
+    set_tf32(True)
+    model = nn.Linear(256, 256).cuda()
+    inputs = torch.randn(64, 256, device="cuda")
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
+        torch.testing.assert_close(compiled(inputs), model(inputs), atol=1e-2, rtol=1e-2)
+    finally:
+        torch._dynamo.reset()

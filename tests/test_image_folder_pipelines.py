@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, shrink
+from conftest import NUM_EXAMPLES, ROOT, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from test_device_pipeline import all_batches
 
@@ -21,6 +23,7 @@ from base.base_data_loader import DataError
 from data_loader.data_loaders import ImageFolderDataLoader
 from data_loader.device_decode import EncodedImages, erase_randomly
 from data_loader.image_loader import load_image_tensor
+from utils.data.sampler import alternating_flips
 
 
 def write_images(root: Path, suffixes: dict[str, str], *, size: int = 36, count: int = 3) -> Path:
@@ -101,6 +104,57 @@ def test_decoding_on_the_device_matches_pil(tmp_path, preset):
     assert torch.equal(images[position], expected[position])
     # JPEG decoders may differ by a level or two: within 3 / 255 of the pixel range.
     torch.testing.assert_close(images, expected, atol=3 / 255 / 0.22, rtol=0)
+
+
+def mirrored(data: ImageFolderDataLoader, epoch: int) -> set[int]:
+    """The training indices whose images `data`'s loader yields mirrored in `epoch`: closer to
+    the plain image flipped than to it (crop_padding 0: no other change of place)."""
+    loader = data.train_loader()
+    loader.sampler.set_epoch(epoch)
+    order = [int(index) for index in loader.sampler]
+    images = all_batches(loader)[0].cpu()  # from a GPU too (test_gpu_paths.py)
+    plain = data.view("train", augment=False)
+    found = set()
+    for index, image in zip(order, images, strict=True):
+        reference = plain[index][0]
+        if (image - reference.flip(-1)).abs().mean() < (image - reference).abs().mean():
+            found.add(index)
+    return found
+
+
+def alternating(root: Path, decode: str, seed: int, device: str = "cpu") -> ImageFolderDataLoader:
+    args = {"batch_size": 4, "seed": seed, "preset": "cifar", "image_size": 36, "device": device}
+    return ImageFolderDataLoader(
+        str(root), decode=decode, flip="alternating", crop_padding=0, **args
+    )
+
+
+def test_alternating_flips_mirror_the_same_images_when_decoding_on_the_device(tmp_path):
+    """The reported case (issue 31, item 15): over two passes the PIL path mirrors every image
+    once; decode "device" mirrored none."""
+    root = write_images(tmp_path / "images", {"train": ".jpg"})
+    counts = {}
+    for decode in ("pil", "device"):
+        data = alternating(root, decode, seed=0)
+        passes = [mirrored(data, epoch) for epoch in (1, 2)]
+        counts[decode] = sum(len(indices) for indices in passes)
+        assert passes[0].isdisjoint(passes[1])
+    assert counts == {"pil": 9, "device": 9}
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_both_decoders_flip_the_same_images_in_the_same_epochs(tmp_path, num_examples):
+    root = write_images(tmp_path / "images", {"train": ".jpg"})
+
+    @settings(max_examples=num_examples)
+    @given(st.integers(0, 2**31), st.integers(0, 50))
+    def check(seed: int, epoch: int) -> None:
+        pil, device = (alternating(root, decode, seed) for decode in ("pil", "device"))
+        bits = alternating_flips(9, seed)
+        expected = {index for index in range(9) if bits[index] == (epoch % 2 == 0)}
+        assert mirrored(pil, epoch) == mirrored(device, epoch) == expected
+
+    check()
 
 
 def test_decoded_training_batches_replay_from_a_resume_point(tmp_path):

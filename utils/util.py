@@ -144,26 +144,17 @@ def configure_torch(trainer_config: dict, device: torch.device) -> None:
 def set_tf32(enabled: bool) -> None:
     """TF32 on or off for fp32 matrix products and cuDNN convolutions (and RNNs) alike.
 
-    torch >= 2.9 has per-backend `fp32_precision` settings and refuses to read the older
-    `allow_tf32` flags once they are mixed with it; older torch has only `allow_tf32`.
+    Through the `allow_tf32` flags, on every torch: they also set torch >= 2.9's per-backend
+    `fp32_precision` settings, so both APIs read back what was set. Writing `fp32_precision`
+    alone makes torch refuse to read `allow_tf32` and get_float32_matmul_precision() after
+    it, and Inductor still reads them (max-autotune's benchmark cache: torch.compile fails).
     """
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        precision = "tf32" if enabled else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = precision
-        torch.backends.cudnn.conv.fp32_precision = precision
-        torch.backends.cudnn.rnn.fp32_precision = precision
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
 
 
 def tf32_enabled() -> tuple[bool, bool]:
-    """(matrix products, convolutions) use TF32: what set_tf32 set, read with the same API."""
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        return (
-            torch.backends.cuda.matmul.fp32_precision == "tf32",
-            torch.backends.cudnn.conv.fp32_precision == "tf32",
-        )
+    """(matrix products, convolutions) use TF32, as set_tf32 set them."""
     return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
 
 

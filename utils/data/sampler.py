@@ -100,16 +100,26 @@ class EpochSampler(Sampler[int]):
         number of ranks, as when the geometry did not change)."""
         return self.skip // self.num_replicas
 
-    def __iter__(self) -> Any:
-        order = self.global_order(self.epoch, self.pass_index)
-        positions = np.arange(self.skip, len(order))
+    def positions(self) -> np.ndarray:
+        """This rank's positions in the pass's global_order (num_samples long), from `start` on."""
+        count = self.num_samples
+        positions = np.arange(self.skip, count)
         if self.pad and len(positions) % self.num_replicas:
             # The padding repeats the pass's first positions, with or without a skip that is a
             # multiple of the ranks: a resume shares out exactly what the epoch would have.
             extra = self.num_replicas - len(positions) % self.num_replicas
-            positions = np.concatenate([positions, np.resize(np.arange(len(order)), extra)])
-        mine = positions[self.rank :: self.num_replicas]
-        indices = order[mine].tolist()
+            positions = np.concatenate([positions, np.resize(np.arange(count), extra)])
+        return positions[self.rank :: self.num_replicas]
+
+    def pass_indices(self) -> np.ndarray:
+        """The indices iteration yields, as one int64 array: what a batch-at-a-time pipeline
+        needs, without the Python object per sample that iteration makes (a list of a
+        45,000-sample pass costs 70-250 ms, the array 1 ms)."""
+        return self.global_order(self.epoch, self.pass_index)[self.positions()]
+
+    def __iter__(self) -> Any:
+        mine = self.positions()
+        indices = self.global_order(self.epoch, self.pass_index)[mine].tolist()
         if not self.shuffle:  # evaluation: nothing is augmented
             return iter(indices)
         # Training: each sample with the seed its augmentation draws from, a function of
