@@ -13,10 +13,11 @@ preset (RandomResizedCrop + flip) with decode "pil" (PIL in the workers) and dec
 other processes hits all of them alike; printed is each path's median rate and its ratio to the
 first path of its data. On CUDA every pass ends with a synchronize, so device work is counted.
 With --min-ratio R, the last line is `figure: ...` and the exit status 1 when pipeline "device"
-is less than R times as fast as the DataLoader (gpu_check.sh's step "device_pipeline").
+is less than R times as fast as the DataLoader, or (with --jpeg-images and --min-decode-ratio D)
+decode "device" less than D times as fast as PIL (gpu_check.sh's step "device_pipeline").
 
 python benchmarks/input_pipeline.py [--device cuda] [--jpeg-images 2000] [--threads 1] [--quick]
-    [--min-ratio R]
+    [--min-ratio R] [--min-decode-ratio D]
 """
 
 import argparse
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--min-ratio", type=float, help="fail below this ratio of device to DataLoader samples/s"
+    )
+    parser.add_argument(
+        "--min-decode-ratio", type=float, help="with --min-ratio: fail below this decode ratio"
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as folder:
             write_jpegs(Path(folder), args.jpeg_images)
             options = {**common, **workers, "preset": "imagenet"}
-            measure(
+            jpeg = measure(
                 {
                     "224 px JPEG, decode pil": ImageFolderDataLoader(
                         folder, **options
@@ -161,12 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.min_ratio is None:
         return 0
     ratio = cifar["CIFAR-size, pipeline device"] / cifar["CIFAR-size, dataloader"]
-    print(
-        f"figure: pipeline device {ratio:.1f}x the DataLoader's samples/s "
-        f"({args.num_workers} workers), CIFAR-size",
-        flush=True,
-    )
-    return 0 if ratio >= args.min_ratio else 1
+    figure = f"pipeline device {ratio:.1f}x the DataLoader's samples/s ({args.num_workers} workers)"
+    ok = ratio >= args.min_ratio
+    if args.jpeg_images and args.min_decode_ratio is not None:
+        decode = jpeg["224 px JPEG, decode device"] / jpeg["224 px JPEG, decode pil"]
+        figure += f"; decode device {decode:.2f}x PIL's, 224 px JPEGs"
+        ok = ok and decode >= args.min_decode_ratio
+    print(f"figure: {figure}", flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

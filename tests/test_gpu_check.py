@@ -176,8 +176,17 @@ def test_mirrored_views_are_counted_on_the_dataloader_path(tmp_path, flip, expec
     assert augment.mirrored_views(data) == expected
 
 
-def test_the_pipeline_ratio_below_its_threshold_fails(capsys):
+@pytest.mark.parametrize(
+    "thresholds",
+    [
+        ["--min-ratio", "1e9"],
+        ["--min-ratio", "0", "--jpeg-images", "8", "--min-decode-ratio", "1e9"],
+    ],
+)
+def test_a_pipeline_ratio_below_its_threshold_fails(capsys, thresholds):
     pipeline = benchmark("input_pipeline")
     args = ["--quick", "--device", "cpu", "--num-workers", "1", "--num-images", "256"]
-    assert pipeline.main([*args, "--batch-size", "64", "--min-ratio", "1e9"]) == 1
-    assert capsys.readouterr().out.splitlines()[-1].startswith("figure: pipeline device ")
+    assert pipeline.main([*args, "--batch-size", "64", *thresholds]) == 1
+    figure = capsys.readouterr().out.splitlines()[-1]
+    assert figure.startswith("figure: pipeline device ")
+    assert ("decode device" in figure) == ("--min-decode-ratio" in thresholds)
