@@ -6,13 +6,17 @@ unpacks them once outside the repository, runs train.py on the same config with 
 switched to ImageFolderDataLoader (preset "cifar"; every other key as shipped, 5,000 of the
 images held out for validation), and prints each epoch's validation accuracy and time, read from
 the run's metrics.csv. Any other config can be measured the same way (--config config.json).
+--out keeps the run's outputs there (else a temporary folder); with --min-accuracy A the last
+line is `figure: ...` and the exit status 1 when the last epoch's val/accuracy is below A
+(gpu_check.sh's step "cifar_recipe").
 
 python benchmarks/cifar_recipe.py [--config configs/cifar10_fast.json] [--epochs N]
     [--seed S] [--pipeline device|dataloader] [--data ../cifar10] [--archive PATH]
-    [--set KEY.PATH=VALUE ...]
+    [--out DIR] [--min-accuracy A] [--set KEY.PATH=VALUE ...]
 """
 
 import argparse
+import contextlib
 import csv
 import json
 import subprocess
@@ -36,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--data", type=Path, default=ROOT.parent / "cifar10", help="unpacked here")
     parser.add_argument("--archive", type=Path, default=ARCHIVE)
+    parser.add_argument("--out", type=Path, help="outputs here (default: a temporary folder)")
+    parser.add_argument("--min-accuracy", type=float, help="fail below this val/accuracy")
     parser.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
     return parser.parse_args(argv)
 
@@ -74,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no images in {args.data} and no archive at {args.archive}", file=sys.stderr)
         return 2
     unpack(args.archive, args.data)
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder)
+    with contextlib.ExitStack() as stack:
+        out = args.out or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        out.mkdir(parents=True, exist_ok=True)
         config = measured_config(args, out)
         extra = [item for pair in args.set for item in ("--set", pair)]
         start = time.perf_counter()
@@ -92,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['epoch']:>5}  {float(row['val/accuracy']):12.4f}  "
             f"{float(row['time/epoch_seconds']):7.1f}  {float(row['time/train_samples_per_second']):15.0f}"
         )
-    return 0
+    if args.min_accuracy is None:
+        return 0
+    accuracy = float(rows[-1]["val/accuracy"])
+    print(
+        f"figure: val/accuracy {accuracy:.4f} after {len(rows)} epochs, {seconds:.0f} s "
+        f"whole process ({sum(float(row['time/epoch_seconds']) for row in rows):.1f} s in epochs)",
+        flush=True,
+    )
+    return 0 if accuracy >= args.min_accuracy else 1
 
 
 if __name__ == "__main__":

@@ -12,8 +12,12 @@ preset (RandomResizedCrop + flip) with decode "pil" (PIL in the workers) and dec
 (decode_jpeg and the transforms on the device). Rounds alternate the paths, so that load from
 other processes hits all of them alike; printed is each path's median rate and its ratio to the
 first path of its data. On CUDA every pass ends with a synchronize, so device work is counted.
+With --min-ratio R, the last line is `figure: ...` and the exit status 1 when pipeline "device"
+is less than R times as fast as the DataLoader, or (with --jpeg-images and --min-decode-ratio D)
+decode "device" less than D times as fast as PIL (gpu_check.sh's step "device_pipeline").
 
 python benchmarks/input_pipeline.py [--device cuda] [--jpeg-images 2000] [--threads 1] [--quick]
+    [--min-ratio R] [--min-decode-ratio D]
 """
 
 import argparse
@@ -50,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: at most 1024 images, batch 256, 64 JPEGs"
     )
+    parser.add_argument(
+        "--min-ratio", type=float, help="fail below this ratio of device to DataLoader samples/s"
+    )
+    parser.add_argument(
+        "--min-decode-ratio", type=float, help="with --min-ratio: fail below this decode ratio"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.num_images, args.batch_size = min(args.num_images, 1024), min(args.batch_size, 256)
@@ -80,8 +90,11 @@ def write_jpegs(folder: Path, num_images: int, size: int = 224) -> None:
         image.save(class_folder / f"{index}.jpg", quality=90)
 
 
-def measure(loaders: dict[str, object], args: argparse.Namespace, device: torch.device) -> None:
-    """Print each loader's median samples/s over the rounds and its ratio to the first."""
+def measure(
+    loaders: dict[str, object], args: argparse.Namespace, device: torch.device
+) -> dict[str, float]:
+    """Print each loader's median samples/s over the rounds and its ratio to the first; return
+    the medians."""
     num_samples = len(next(iter(loaders.values())).sampler)
     for loader in loaders.values():
         time_pass(loader, 1, device)  # the warm-up: worker start, caches, kernels
@@ -92,14 +105,16 @@ def measure(loaders: dict[str, object], args: argparse.Namespace, device: torch.
         for name in names[shift:] + names[:shift]:
             seconds = time_pass(loaders[name], round_index + 2, device)
             rates[name].append(num_samples / seconds)
-    baseline = statistics.median(rates[names[0]])
+    medians = {name: statistics.median(rates[name]) for name in names}
+    baseline = medians[names[0]]
     for name in names:
-        rate = statistics.median(rates[name])
+        rate = medians[name]
         spread = f"{min(rates[name]):.0f}-{max(rates[name]):.0f}"
         print(f"  {name:<34} {rate:>10.0f} {rate / baseline:>8.2f}x  {spread}", flush=True)
+    return medians
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         # On a busy CPU, threads that wait for each other at every operation cost more than
@@ -119,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"  {'path':<34} {'samples/s':>10} {'ratio':>9}  min-max", flush=True)
     synthetic = {"num_train": args.num_images, "num_test": 1}
-    measure(
+    cifar = measure(
         {
             "CIFAR-size, dataloader": SyntheticDataLoader(
                 **common, **synthetic, **workers
@@ -135,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as folder:
             write_jpegs(Path(folder), args.jpeg_images)
             options = {**common, **workers, "preset": "imagenet"}
-            measure(
+            jpeg = measure(
                 {
                     "224 px JPEG, decode pil": ImageFolderDataLoader(
                         folder, **options
@@ -147,7 +162,18 @@ def main(argv: list[str] | None = None) -> None:
                 args,
                 device,
             )
+    if args.min_ratio is None:
+        return 0
+    ratio = cifar["CIFAR-size, pipeline device"] / cifar["CIFAR-size, dataloader"]
+    figure = f"pipeline device {ratio:.1f}x the DataLoader's samples/s ({args.num_workers} workers)"
+    ok = ratio >= args.min_ratio
+    if args.jpeg_images and args.min_decode_ratio is not None:
+        decode = jpeg["224 px JPEG, decode device"] / jpeg["224 px JPEG, decode pil"]
+        figure += f"; decode device {decode:.2f}x PIL's, 224 px JPEGs"
+        ok = ok and decode >= args.min_decode_ratio
+    print(f"figure: {figure}", flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,18 +5,23 @@ crop with padding, flip, normalise), --images of them (default 10,000; 10 % vali
 64, Adam lr 0.003 under a per-epoch cosine, --workers DataLoader worker processes, --epochs
 epochs, a checkpoint every epoch, TensorBoard, validation every epoch. For Lightning, a
 hand-written LightningModule with the same network, transforms, split, loaders and schedule;
-Trainer(accelerator="cpu", devices=1) with ModelCheckpoint and its TensorBoardLogger. Each side
-runs as its own process (start-up included), timed from outside, alternating, --rounds times;
-printed: each time, the median ratio train.py / Lightning (below 1: the template is faster).
+Trainer(accelerator=--device, devices=1) with ModelCheckpoint and its TensorBoardLogger. Each
+side runs as its own process (start-up included), timed from outside, alternating, --rounds
+times; printed: each time, the median ratio train.py / Lightning (below 1: the template is
+faster). With --max-ratio R the last line is `figure: ...` and the exit status 1 when the median
+ratio is above R (gpu_check.sh's step "lightning").
 
 Lightning is a benchmark-only optional package (pip install lightning; pyproject.toml's
-"benchmarks" extra), not a dependency of the template.
+"benchmarks" extra), not a dependency of the template; the older pytorch-lightning package
+(`import pytorch_lightning`) does as well.
 
 python benchmarks/lightning.py [--images 10000] [--epochs 2] [--workers 2] [--rounds 3]
-    [--archive ../shared/data/cifar10-train/train.tar.gz] [--quick]
+    [--archive ../shared/data/cifar10-train/train.tar.gz] [--device cpu|cuda] [--work DIR]
+    [--max-ratio R] [--quick]
 """
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -31,11 +36,15 @@ ARCHIVE = ROOT.parent / "shared" / "data" / "cifar10-train" / "train.tar.gz"
 
 LIGHTNING_SCRIPT = """
 import sys
-import lightning
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 from torchvision import datasets
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the older package name
+    import pytorch_lightning as pl
 
 sys.path.insert(0, {root!r})
 from data_loader.transforms import cifar_transform  # the same transforms as the template's
@@ -44,7 +53,7 @@ from model.model import CifarCNN
 data_dir, epochs, workers, out = {data!r}, {epochs}, {workers}, {out!r}
 
 
-class Module(lightning.LightningModule):
+class Module(pl.LightningModule):
     def __init__(self):
         super().__init__()
         self.model = CifarCNN(in_shape=[3, 32, 32], num_classes=10, widths=[32, 64, 128],
@@ -75,10 +84,10 @@ num_val = len(train) // 10
 loader = dict(batch_size=64, num_workers=workers, persistent_workers=workers > 0)
 train_loader = DataLoader(Subset(train, order[num_val:]), shuffle=True, **loader)
 val_loader = DataLoader(Subset(val, order[:num_val]), **loader)
-trainer = lightning.Trainer(
-    max_epochs=epochs, accelerator="cpu", devices=1, default_root_dir=out,
-    callbacks=[lightning.pytorch.callbacks.ModelCheckpoint(every_n_epochs=1, save_top_k=-1)],
-    logger=lightning.pytorch.loggers.TensorBoardLogger(out), enable_progress_bar=False,
+trainer = pl.Trainer(
+    max_epochs=epochs, accelerator={accelerator!r}, devices=1, default_root_dir=out,
+    callbacks=[pl.callbacks.ModelCheckpoint(every_n_epochs=1, save_top_k=-1)],
+    logger=pl.loggers.TensorBoardLogger(out), enable_progress_bar=False,
     log_every_n_steps=10, enable_model_summary=False,
 )
 trainer.fit(Module(), train_loader, val_loader)
@@ -93,6 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=2, help="default 2")
     parser.add_argument("--workers", type=int, default=2, help="default 2")
     parser.add_argument("--rounds", type=int, default=3, help="default 3")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default cpu")
+    parser.add_argument("--work", type=Path, help="data and outputs here (default: a new one)")
+    parser.add_argument("--max-ratio", type=float, help="fail above this median ratio")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 400 images, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -117,7 +129,7 @@ def unpack(archive: Path, images: int, folder: Path) -> Path:
 def template_config(data: Path, args: argparse.Namespace, out: Path) -> Path:
     """configs/demo.json's model and optimizer on the folder, as the Lightning side runs it."""
     config = json.loads((ROOT / "configs/demo.json").read_text())
-    config["n_gpu"] = 0
+    config["n_gpu"] = int(args.device == "cuda")
     config["data_loader"] = {
         "type": "ImageFolderDataLoader",
         "args": {"data_dir": str(data), "preset": "cifar", "batch_size": 64,
@@ -140,24 +152,22 @@ def timed(command: list[str]) -> tuple[float, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import lightning  # noqa: F401
-    except ImportError:
+    if not any(importlib.util.find_spec(name) for name in ("lightning", "pytorch_lightning")):
         print("error: needs lightning (a benchmark-only package): pip install lightning")
         return 2
-    work = Path(tempfile.mkdtemp(prefix="lightning-bench-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="lightning-bench-"))
     data = unpack(Path(args.archive), args.images, work / "data")
     times: dict[str, list[float]] = {"template": [], "lightning": []}
     for round_index in range(args.rounds):
         out = work / f"round{round_index}"
-        (out / "lightning").mkdir(parents=True)
+        (out / "lightning").mkdir(parents=True, exist_ok=True)
         config = template_config(data, args, out)
         seconds, _ = timed([sys.executable, "train.py", "-c", str(config), "--run-id", "bench"])
         times["template"].append(seconds)
         script = out / "lightning_run.py"
         script.write_text(LIGHTNING_SCRIPT.format(
             root=str(ROOT), data=str(data), epochs=args.epochs, workers=args.workers,
-            out=str(out / "lightning"),
+            out=str(out / "lightning"), accelerator="gpu" if args.device == "cuda" else "cpu",
         ))  # fmt: skip
         seconds, output = timed([sys.executable, str(script)])
         times["lightning"].append(seconds)
@@ -167,12 +177,20 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     ratios = [a / b for a, b in zip(times["template"], times["lightning"], strict=True)]
+    median = statistics.median(ratios)
     print(
         f"train.py / Lightning, whole process, {args.images} images, {args.epochs} epochs, "
-        f"{args.workers} workers: median {statistics.median(ratios):.3f} "
+        f"{args.workers} workers: median {median:.3f} "
         f"(rounds: {', '.join(f'{ratio:.3f}' for ratio in ratios)})"
     )
-    return 0
+    if args.max_ratio is None:
+        return 0
+    print(
+        f"figure: train.py / Lightning {median:.3f} on {args.device} "
+        f"({statistics.median(times['template']):.1f} s vs {statistics.median(times['lightning']):.1f} s)",
+        flush=True,
+    )
+    return 0 if median <= args.max_ratio else 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ what is checked is what they write and print. torchrun and gpu_check.sh are real
 import csv
 import itertools
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -371,10 +372,16 @@ def test_regression_runs_say_no_classes_refuse_a_confusion_image_early_and_cross
 
 
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
-def test_gpu_check_stops_at_once_without_cuda():
+def test_gpu_check_stops_at_once_without_cuda(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: gpu_check.sh runs")
     result = subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        ["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True,
+        timeout=300, env={**os.environ, "OUT": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        result.stderr.startswith("error: no python here sees CUDA")
+        and result.stderr.count("\n") == 1
     )
-    assert result.returncode == 2 and "error: no CUDA device here" in result.stdout
+    assert "preflight\tfail" in (tmp_path / "summary.tsv").read_text()  # kept, as on a GPU

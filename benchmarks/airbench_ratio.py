@@ -1,0 +1,100 @@
+"""The fast CIFAR-10 recipe's training time against airbench94's (the public record's own code,
+PyPI package `airbench`) on the same images: gpu_check.sh's step "airbench", after its step
+"cifar_recipe". Ends with one `figure: ...` line, exit 0 when the ratio is at most --max-ratio.
+
+The same images: the 45,000 the recipe trained on and the 5,000 it held out (its seed's
+validation split of the carried archive), handed to airbench as the train.pt and test.pt it
+reads from ./cifar10, so it downloads nothing. Its training loop is about 150 lines: the bar for
+the template's overhead. Needs CUDA (airbench trains in fp16 on cuda:0) and airbench importable,
+e.g. PYTHONPATH=data/gpu_check/airbench-0.1.8-py3-none-any.whl (a pure-Python wheel imports
+from its zip file; nothing is installed).
+
+python benchmarks/airbench_ratio.py --data DIR --recipe DIR --work DIR [--max-ratio 3]
+"""
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as `python benchmarks/airbench_ratio.py`
+
+from data_loader.data_loaders import ImageFolderDataLoader  # noqa: E402
+
+
+def recipe_run(recipe_out: Path) -> tuple[dict, list[dict[str, str]]]:
+    """(the config, the metrics.csv rows) of the run benchmarks/cifar_recipe.py --out made."""
+    config = json.loads((recipe_out / "config.json").read_text())
+    (metrics,) = recipe_out.glob("log/*/run/metrics.csv")
+    with metrics.open() as file:
+        return config, list(csv.DictReader(file))
+
+
+def write_airbench_data(config: dict, data_dir: Path, folder: Path) -> int:
+    """folder/train.pt and test.pt as airbench.CifarLoader reads them (uint8 NHWC images, labels,
+    class names): the recipe's training and validation samples. Returns the training count."""
+    args = config["data_loader"]["args"]
+    data = ImageFolderDataLoader(
+        str(data_dir), preset="cifar", pipeline="device", device="cpu", seed=config["seed"],
+        validation_split=args["validation_split"], batch_size=args["batch_size"],
+    )  # fmt: skip
+    images, labels = data.uint8_split("train", 32)  # the decoded cache the recipe's run wrote
+    train_indices, val_indices = (torch.as_tensor(part) for part in data.split_indices())
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, indices in (("train.pt", train_indices), ("test.pt", val_indices)):
+        part = {
+            "images": images[indices].permute(0, 2, 3, 1).contiguous(),
+            "labels": labels[indices],
+        }
+        torch.save({**part, "classes": data.class_names()}, folder / name)
+    return len(train_indices)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="the unpacked CIFAR-10 JPEGs")
+    parser.add_argument("--recipe", type=Path, required=True, help="cifar_recipe.py's --out")
+    parser.add_argument("--work", type=Path, required=True, help="airbench's data go here")
+    parser.add_argument("--max-ratio", type=float, default=3.0, help="default 3")
+    args = parser.parse_args(argv)
+    try:
+        import airbench
+    except ImportError as error:
+        print(f"figure: airbench not importable ({error})")
+        return 1
+    args.work = args.work.resolve()
+    config, rows = recipe_run(args.recipe.resolve())
+    num_train = write_airbench_data(config, args.data.resolve(), args.work / "cifar10")
+    # The recipe's training time: its epochs' samples over their rates (validation left out).
+    recipe_seconds = sum(num_train / float(row["time/train_samples_per_second"]) for row in rows)
+    os.chdir(args.work)  # airbench reads ./cifar10/{train,test}.pt
+    loader = airbench.CifarLoader(
+        "cifar10", train=True, batch_size=1024, aug={"flip": True, "translate": 2}, altflip=True
+    )
+    airbench.warmup94(train_loader=loader)  # one step: cuDNN's kernel choice, as it does
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    model = airbench.train94(train_loader=loader, verbose=False)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    test_loader = airbench.CifarLoader("cifar10", train=False, batch_size=2000)
+    accuracy = airbench.evaluate(model, test_loader, tta_level=2)
+    ratio = recipe_seconds / seconds
+    print(
+        f"figure: training seconds, recipe {recipe_seconds:.1f} / airbench94 {seconds:.1f} = "
+        f"{ratio:.2f}; val/accuracy {float(rows[-1]['val/accuracy']):.4f} vs {accuracy:.4f} "
+        f"on the same {num_train} + {len(test_loader.labels)} images",
+        flush=True,
+    )
+    return 0 if ratio <= args.max_ratio else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""benchmarks/gpu_check.sh between GPU loans: its plan fits the 7-minute window and names a
+threshold for every step, the scripts its steps run exist, and the figures it judges by are
+counted right (recompilations by epoch, pytest outcomes, mirrored views) on the CPU."""
+
+import importlib.util
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import NUM_EXAMPLES, ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from data_loader.data_loaders import ImageFolderDataLoader
+
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+WINDOW = 420  # seconds: 7 minutes of a borrowed GPU, start-up excluded, with room to rerun
+VALUE_ORDER = ["gpu_tests", "resume", "fsdp", "compile", "tf32_compile", "knobs"]
+
+
+def benchmark(name: str):
+    """benchmarks/<name>.py as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        f"{name}_benchmark", ROOT / "benchmarks" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def plan(*args: str, env: dict[str, str] | None = None) -> list[list[str]]:
+    result = subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [line.split("\t") for line in result.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("how", ["--plan", "GPU_CHECK_DRY_RUN=1"])
+def test_the_plan_fits_the_window_and_every_step_names_a_threshold(how):
+    rows = plan("--plan") if how == "--plan" else plan(env={"GPU_CHECK_DRY_RUN": "1"})
+    header, *rows = rows
+    assert header[:3] == ["step", "limit_s", "passes when"]
+    limits = {row[0]: int(row[1]) for row in rows}
+    *counted, total = rows
+    assert total[0] == "total" and int(total[1]) == sum(int(row[1]) for row in counted)
+    assert int(total[1]) <= WINDOW
+    steps = [row for row in counted if row[0] not in ("preflight", "wrap_up")]
+    assert [row[0] for row in steps][: len(VALUE_ORDER)] == VALUE_ORDER
+    assert {"device_pipeline", "device_augment", "cifar_recipe", "lightning"} <= limits.keys()
+    for name, limit, threshold, *_ in steps:
+        assert threshold.strip(), f"{name} names no threshold"
+        assert limit.isdigit() and int(limit) > 5, name  # 5 s: the kill's grace, inside the limit
+
+
+def test_a_bad_argument_is_one_line_and_exit_2():
+    result = subprocess.run(["bash", str(SCRIPT), "--cpu"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_every_script_a_step_runs_exists_and_every_step_is_documented_with_its_limit():
+    text = SCRIPT.read_text()
+    for path in set(re.findall(r"\b((?:benchmarks|tests)/[\w/]+\.py)\b", text)):
+        assert (ROOT / path).is_file(), path
+    limits = re.findall(r'^    "(\w+)\|(\d+)\|', text, flags=re.MULTILINE)
+    docs = (ROOT / "docs" / "gpu_check.md").read_text()
+    assert limits
+    for name, limit in limits:  # docs/gpu_check.md's table of the steps, limits as the script's
+        assert f"| `{name}` | {limit} s |" in docs, name
+
+
+# --- recompilations, counted by the epoch they came in -----------------------------------------
+
+
+def record(name: str, message: str) -> logging.LogRecord:
+    return logging.LogRecord(name, logging.INFO, __file__, 1, message, None, None)
+
+
+RECOMPILE = ("torch._dynamo.guards.__recompiles", "Recompiling function forward in model.py:66")
+
+
+def progress(epoch: int) -> tuple[str, str]:
+    return "train", f"epoch {epoch}/3  batch 10/56  loss 2.1  900 samples/s"
+
+
+def summary(epoch: int) -> tuple[str, str]:
+    return "train", f"epoch {epoch}/3  train/loss 2.1  val/accuracy 0.5  (1.0 s, 900 samples/s)"
+
+
+def count(events: list[tuple[str, str]]):
+    counter = benchmark("gpu_training").RecompilesByEpoch()
+    for name, message in events:
+        counter.handle(record(name, message))
+    return counter
+
+
+def test_a_recompilation_in_epoch_1_after_a_progress_line_is_epoch_1s():
+    """The issue's example: a slow first epoch prints "epoch 1/3 " progress lines before its
+    validation compiles; splitting the output there counted those compiles as later ones."""
+    counter = count([progress(1), RECOMPILE, summary(1), progress(2), summary(2)])
+    assert counter.counts == {1: 1} and counter.after_first_epoch() == 0
+    counter = count([summary(1), progress(2), RECOMPILE, summary(2)])
+    assert counter.counts == {2: 1} and counter.after_first_epoch() == 1
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_recompilations_are_counted_in_the_epoch_they_came_in(num_examples):
+    @settings(max_examples=num_examples)
+    @given(st.lists(st.lists(st.sampled_from(["progress", "recompile"]), max_size=6), max_size=4))
+    def check(epochs: list[list[str]]) -> None:
+        events, expected = [], {}
+        for epoch, kinds in enumerate(epochs, start=1):
+            for kind in kinds:
+                events.append(RECOMPILE if kind == "recompile" else progress(epoch))
+            if kinds.count("recompile"):
+                expected[epoch] = kinds.count("recompile")
+            events.append(summary(epoch))
+        counter = count(events)
+        assert counter.counts == expected and counter.epochs_done == len(epochs)
+
+    check()
+
+
+# --- pytest outcomes ---------------------------------------------------------------------------
+
+TESTS = """
+import pytest
+
+def test_passes():
+    pass
+
+@pytest.mark.skipif(True, reason="needs a CUDA device")
+def test_skipped():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    "allowed, extra, passes",
+    [
+        ([], "", False),  # a GPU test skipped on a GPU machine fails the check
+        (["needs a CUDA device"], "", True),
+        (["needs a CUDA device"], "\ndef test_fails():\n    assert False\n", False),
+    ],
+)
+def test_the_tests_step_fails_on_a_failure_or_a_skip_it_does_not_allow(
+    tmp_path, allowed, extra, passes
+):
+    path = tmp_path / "test_sample.py"
+    path.write_text(TESTS + extra)
+    flags = [item for text in allowed for item in ("--allow-skip", text)]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/gpu_tests.py", *flags, str(path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    figure = result.stdout.splitlines()[-1]
+    assert figure.startswith("figure: passed 1, failed ")
+    assert result.returncode == (0 if passes else 1), result.stdout[-2000:]
+
+
+# --- mirrored views ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flip, expected", [("alternating", 16), ("none", 0)])
+def test_mirrored_views_are_counted_on_the_dataloader_path(tmp_path, flip, expected):
+    """The instrument of step "device_augment", on the path that flips (decode "pil")."""
+    augment = benchmark("device_augment")
+    root = augment.write_half_bright_jpegs(tmp_path / "images", 16)
+    data = ImageFolderDataLoader(
+        str(root), preset="cifar", crop_padding=0, flip=flip, batch_size=8, seed=3
+    )
+    assert augment.mirrored_views(data) == expected
+
+
+@pytest.mark.parametrize(
+    "thresholds",
+    [
+        ["--min-ratio", "1e9"],
+        ["--min-ratio", "0", "--jpeg-images", "8", "--min-decode-ratio", "1e9"],
+    ],
+)
+def test_a_pipeline_ratio_below_its_threshold_fails(capsys, thresholds):
+    pipeline = benchmark("input_pipeline")
+    args = ["--quick", "--device", "cpu", "--num-workers", "1", "--num-images", "256"]
+    assert pipeline.main([*args, "--batch-size", "64", *thresholds]) == 1
+    figure = capsys.readouterr().out.splitlines()[-1]
+    assert figure.startswith("figure: pipeline device ")
+    assert ("decode device" in figure) == ("--min-decode-ratio" in thresholds)
