@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_check.sh            # on the GPU machine (exit 0: every step that ran passed)
 #   bash benchmarks/gpu_check.sh --plan     # anywhere: the steps, limits, thresholds and total
 #                                           # (GPU_CHECK_DRY_RUN=1 does the same)
+#   GPU_CHECK_STEPS=fsdp,knobs bash benchmarks/gpu_check.sh   # those steps alone (a second try)
 #
 # Results, kept as they come (the machine returns only what is under $OUT):
 #   $OUT/gpu_check.log       everything printed, each step's whole output included
@@ -41,34 +42,34 @@ lightning_max_ratio=1.1  # whole-process seconds of train.py / of Lightning, one
 # name, limit in seconds, what passes. Sized for an H200: a process spends 5-10 s importing
 # torch and starting CUDA, torch.compile 20-40 s.
 steps=(
-    "gpu_tests|35|no gpu-marked test fails; only the two-GPU test may skip"
-    "resume|35|2 runs stopped mid-epoch and resumed end bit-exact (weights, optimizer, loss)"
+    "gpu_tests|45|no gpu-marked test fails; only the two-GPU test may skip"
+    "resume|25|2 runs stopped mid-epoch and resumed end bit-exact (weights, optimizer, loss)"
     "fsdp|45|FSDP trains with SGD (and resumes) and with AdamW: exit 0, finite loss"
-    "compile|50|0 recompilations after epoch 1 of 3 (validation's in epoch 1 seen)"
-    "tf32_compile|30|compile with tf32: 0 recompilations after epoch 1, old TF32 flags read True"
+    "compile|45|0 recompilations after epoch 1 of 3 (validation's in epoch 1 seen)"
+    "tf32_compile|35|compile with tf32: 0 recompilations after epoch 1, old TF32 flags read True"
     "knobs|40|fp32 >= $knobs_min_accuracy, each knob within $knobs_tolerance of fp32"
-    "device_pipeline|25|pipeline device >= ${pipeline_min_ratio}x the DataLoader's samples/s, decode device >= ${decode_min_ratio}x PIL's"
-    "device_augment|15|alternating flip, decode device: each image mirrored once in 2 passes; auto_augment <= $augment_max_syncs sync per batch"
-    "cifar_recipe|60|configs/cifar10_fast.json val/accuracy >= $recipe_min_accuracy"
-    "airbench|25|recipe training time <= ${airbench_max_ratio}x airbench94's on the same images"
-    "lightning|40|train.py / Lightning whole-process time <= $lightning_max_ratio"
+    "device_pipeline|30|pipeline device >= ${pipeline_min_ratio}x the DataLoader's samples/s, decode device >= ${decode_min_ratio}x PIL's"
+    "device_augment|20|alternating flip, decode device: each image mirrored once in 2 passes; auto_augment <= $augment_max_syncs sync per batch"
+    "cifar_recipe|45|configs/cifar10_fast.json val/accuracy >= $recipe_min_accuracy"
+    "airbench|28|recipe training time <= ${airbench_max_ratio}x airbench94's on the same images"
+    "lightning|42|train.py / Lightning whole-process time <= $lightning_max_ratio"
 )
 
 # cmd_<name> DIR: sets `step_command` (an array), or `skip` to the reason the step cannot run here.
 cmd_gpu_tests() {
     local files
     mapfile -t files < <(grep -l "pytest.mark.gpu" tests/test_*.py | grep -v test_gpu_resume.py)
-    step_command=("$python" benchmarks/gpu_tests.py -m gpu --allow-skip "needs two CUDA devices"
+    step_command=("$python" benchmarks/gpu/gpu_tests.py -m gpu --allow-skip "needs two CUDA devices"
         "${files[@]}")
 }
-cmd_resume() { step_command=("$python" benchmarks/gpu_tests.py -m gpu tests/test_gpu_resume.py); }
-cmd_fsdp() { step_command=("$python" benchmarks/gpu_training.py fsdp --work "$1"); }
-cmd_compile() { step_command=("$python" benchmarks/gpu_training.py compile --work "$1"); }
+cmd_resume() { step_command=("$python" benchmarks/gpu/gpu_tests.py -m gpu tests/test_gpu_resume.py); }
+cmd_fsdp() { step_command=("$python" benchmarks/gpu/gpu_training.py fsdp --work "$1"); }
+cmd_compile() { step_command=("$python" benchmarks/gpu/gpu_training.py compile --work "$1"); }
 cmd_tf32_compile() {
-    step_command=("$python" benchmarks/gpu_training.py compile --tf32 --epochs 2 --work "$1")
+    step_command=("$python" benchmarks/gpu/gpu_training.py compile --tf32 --epochs 2 --work "$1")
 }
 cmd_knobs() {
-    step_command=("$python" benchmarks/gpu_training.py knobs --work "$1"
+    step_command=("$python" benchmarks/gpu/gpu_training.py knobs --work "$1"
         --tolerance "$knobs_tolerance" --min-accuracy "$knobs_min_accuracy")
 }
 cmd_device_pipeline() {
@@ -76,7 +77,7 @@ cmd_device_pipeline() {
         --jpeg-images 512 --min-ratio "$pipeline_min_ratio" --min-decode-ratio "$decode_min_ratio")
 }
 cmd_device_augment() {
-    step_command=("$python" benchmarks/device_augment.py --device cuda --work "$1"
+    step_command=("$python" benchmarks/gpu/device_augment.py --device cuda --work "$1"
         --max-syncs-per-batch "$augment_max_syncs")
 }
 cmd_cifar_recipe() {
@@ -90,7 +91,7 @@ cmd_airbench() {
     [[ -f ${wheels[0]} ]] || { skip="no airbench wheel in $data_dir (prepare_gpu_data.sh --airbench)"; return; }
     [[ -f $archive ]] || { skip="no $archive"; return; }
     # A pure-Python wheel imports from its zip file: nothing is installed.
-    step_command=(env "PYTHONPATH=${wheels[0]}" "$python" benchmarks/airbench_ratio.py
+    step_command=(env "PYTHONPATH=${wheels[0]}" "$python" benchmarks/gpu/airbench_ratio.py
         --data "$work_dir/cifar10" --recipe "$work_dir/cifar_recipe" --work "$1"
         --max-ratio "$airbench_max_ratio")
 }
@@ -161,7 +162,10 @@ run_step() {  # name limit threshold
     mkdir -p "$dir"
     "cmd_$name" "$dir"
     left=$((DEADLINE - WRAP_UP - SECONDS))
-    if [[ -n $skip ]]; then
+    if [[ -n ${GPU_CHECK_STEPS:-} && ,$GPU_CHECK_STEPS, != *",$name,"* ]]; then
+        record "$name" skipped 0 "not in GPU_CHECK_STEPS" "$threshold"
+        return
+    elif [[ -n $skip ]]; then
         record "$name" skipped 0 "$skip" "$threshold"
         return
     elif ((limit > left)); then

@@ -22,10 +22,10 @@ VALUE_ORDER = ["gpu_tests", "resume", "fsdp", "compile", "tf32_compile", "knobs"
 
 
 def benchmark(name: str):
-    """benchmarks/<name>.py as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        f"{name}_benchmark", ROOT / "benchmarks" / f"{name}.py"
-    )
+    """benchmarks/<name>.py (or benchmarks/gpu/<name>.py) as a module (not a package)."""
+    path = ROOT / "benchmarks" / f"{name}.py"
+    path = path if path.is_file() else ROOT / "benchmarks" / "gpu" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -154,7 +154,7 @@ def test_the_tests_step_fails_on_a_failure_or_a_skip_it_does_not_allow(
     path.write_text(TESTS + extra)
     flags = [item for text in allowed for item in ("--allow-skip", text)]
     result = subprocess.run(
-        [sys.executable, "benchmarks/gpu_tests.py", *flags, str(path)],
+        [sys.executable, "benchmarks/gpu/gpu_tests.py", *flags, str(path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     figure = result.stdout.splitlines()[-1]

@@ -218,8 +218,12 @@ def test_on_a_gpu_jpegs_decode_close_to_pil(tmp_path):
     data = ImageFolderDataLoader(str(root), decode="device", device="cuda", **args)
     images, labels = all_batches(data.val_loader())
     assert images.is_cuda and torch.equal(labels.cpu(), expected_labels)
-    # nvJPEG and libjpeg-turbo may round differently: within 3 / 255 of the pixel range.
-    torch.testing.assert_close(images.cpu(), expected, atol=3 / 255 / 0.22, rtol=0)
+    # nvJPEG and libjpeg-turbo upsample the colour planes differently: single pixels at colour
+    # edges differ by up to ~20 / 255 (0.35 normalised, seen on an H200), the image as a whole
+    # by little. In normalised units (pixel / 255 / std, std about 0.22).
+    difference = (images.cpu() - expected).abs()
+    assert difference.mean() < 3 / 255 / 0.22, float(difference.mean())
+    assert difference.max() < 40 / 255 / 0.22, float(difference.max())
     train_images, _ = all_batches(data.train_loader())
     assert train_images.is_cuda and train_images.shape == (9, 3, 32, 32)
 

@@ -63,7 +63,14 @@ def test_each_knob_trains_and_the_loss_goes_down(make_config, knob: str) -> None
         assert last["global_step"] == 3 * 8  # 512 samples: 16 batches per epoch, a step per 2
 
 
-def make_trainer(tmp_path: Path, *, batch_size: int, accumulate: int, model: nn.Module) -> Trainer:
+def make_trainer(
+    tmp_path: Path,
+    *,
+    batch_size: int,
+    accumulate: int,
+    model: nn.Module,
+    device: torch.device = torch.device("cpu"),  # noqa: B008
+) -> Trainer:
     config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
     config["data_loader"]["args"].update(
         batch_size=batch_size, shuffle=False, validation_split=0.0, num_train=128
@@ -75,9 +82,7 @@ def make_trainer(tmp_path: Path, *, batch_size: int, accumulate: int, model: nn.
     parser = ConfigParser(config, source="test")
     data = SyntheticDataLoader(**{**config["data_loader"]["args"], "seed": 0})
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    return Trainer(
-        model, cross_entropy, {}, optimizer, config=parser, device=torch.device("cpu"), data=data
-    )
+    return Trainer(model, cross_entropy, {}, optimizer, config=parser, device=device, data=data)
 
 
 def test_accumulating_k_batches_equals_one_batch_k_times_larger(tmp_path: Path) -> None:
@@ -115,8 +120,8 @@ def synchronizing_calls(trainer: Trainer) -> list[str]:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_no_host_device_sync_between_log_intervals(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10)).cuda()
-    trainer = make_trainer(tmp_path, batch_size=16, accumulate=1, model=model)
-    trainer.device = torch.device("cuda")
+    device = torch.device("cuda")  # the trainer moves the model to its device
+    trainer = make_trainer(tmp_path, batch_size=16, accumulate=1, model=model, device=device)
     trainer.len_epoch = trainer.log_step = 8  # one read, at the last step
     syncs = synchronizing_calls(trainer)
     assert len(syncs) <= 3, syncs
@@ -130,7 +135,7 @@ def test_fp16_steps_without_a_sync_only_with_a_fused_optimizer(tmp_path: Path, f
     tensor, which the fused Adam does: build_optimizer picks it on CUDA."""
     config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
     config["data_loader"]["args"].update(validation_split=0.0, num_train=256)
-    config["trainer"].update(amp="fp16", len_epoch=8, log_step=8, tensorboard=False)
+    config["trainer"].update(amp="fp16", len_epoch=8, log_step=8, tensorboard=False, monitor="off")
     if not fused:
         config["optimizer"]["args"]["fused"] = False
     parser = ConfigParser(config, source="test")

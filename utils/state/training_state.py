@@ -1,10 +1,7 @@
-"""Where a run stands, and the checkpoints that record it: written by rank 0, agreed by all.
-
-A checkpoint is a plain dict. Besides each component's state_dict (model, optimizer, scheduler,
-averaged weights, loss scaler, monitor) it describes itself: its place in the run's timeline,
-its position in samples, the batch geometry and the data it trained with, and its config, so
-that utils/state/resume.py can tell what of it a later run can take.
-"""
+"""Where a run stands, and the checkpoints that record it (written by rank 0, agreed by all): a
+plain dict of each component's state_dict (model, optimizer, scheduler, averages, loss scaler,
+monitor) that describes itself, its place in the run's timeline, its position in samples, the
+batch geometry, data and config it trained with, for utils/state/resume.py to read."""
 
 import functools
 from collections.abc import Callable

@@ -10,7 +10,7 @@ only when the figure meets its threshold.
   fsdp              configs/imagenet_vit.json shrunk (a ViT-B/16 on 32x32 images), FSDP under
                     torchrun with one process, with SGD (and a resume) and with AdamW.
 
-python benchmarks/gpu_training.py STEP --work DIR [--set KEY.PATH=VALUE ...] [options]
+python benchmarks/gpu/gpu_training.py STEP --work DIR [--set KEY.PATH=VALUE ...] [options]
 """
 
 import argparse
@@ -22,9 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # run as `python benchmarks/gpu_training.py`
+    sys.path.insert(0, str(ROOT))  # run as `python benchmarks/gpu/gpu_training.py`
 
 # One line per epoch from the training loop, "epoch 2/3  train/loss ...": progress lines
 # ("epoch 2/3  batch 10/56 ...") and tqdm's bar are not it.

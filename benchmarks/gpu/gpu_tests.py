@@ -4,7 +4,7 @@ Prints `figure: passed P, failed F, skipped S` and exits 0 only when no test fai
 at least one passed, and every skip's reason contains one of the --allow-skip texts: on a GPU
 machine a test skipped for "needs a CUDA device" is a failure of the check, not a pass.
 
-python benchmarks/gpu_tests.py [-m gpu] [--allow-skip TEXT ...] FILE...
+python benchmarks/gpu/gpu_tests.py [-m gpu] [--allow-skip TEXT ...] FILE...
 """
 
 import argparse
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Outcomes:

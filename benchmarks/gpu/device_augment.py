@@ -9,7 +9,7 @@ when both hold:
   syncs: auto_augment ("trivialaugment") on the device blocks on the host at most
          --max-syncs-per-batch times a batch (torch's sync debug mode counts them; CUDA only).
 
-python benchmarks/device_augment.py --work DIR [--device cuda] [--images 128]
+python benchmarks/gpu/device_augment.py --work DIR [--device cuda] [--images 128]
 """
 
 import argparse
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # run as `python benchmarks/device_augment.py`
+    sys.path.insert(0, str(ROOT))  # run as `python benchmarks/gpu/device_augment.py`
 
 from data_loader.data_loaders import ImageFolderDataLoader  # noqa: E402
 

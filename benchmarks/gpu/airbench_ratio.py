@@ -9,7 +9,7 @@ the template's overhead. Needs CUDA (airbench trains in fp16 on cuda:0) and airb
 e.g. PYTHONPATH=data/gpu_check/airbench-0.1.8-py3-none-any.whl (a pure-Python wheel imports
 from its zip file; nothing is installed).
 
-python benchmarks/airbench_ratio.py --data DIR --recipe DIR --work DIR [--max-ratio 3]
+python benchmarks/gpu/airbench_ratio.py --data DIR --recipe DIR --work DIR [--max-ratio 3]
 """
 
 import argparse
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # run as `python benchmarks/airbench_ratio.py`
+    sys.path.insert(0, str(ROOT))  # run as `python benchmarks/gpu/airbench_ratio.py`
 
 from data_loader.data_loaders import ImageFolderDataLoader  # noqa: E402
 
