@@ -43,16 +43,16 @@ lightning_max_ratio=1.1  # whole-process seconds of train.py / of Lightning, one
 # torch and starting CUDA, torch.compile 20-40 s.
 steps=(
     "gpu_tests|45|no gpu-marked test fails; only the two-GPU test may skip"
-    "resume|25|2 runs stopped mid-epoch and resumed end bit-exact (weights, optimizer, loss)"
-    "fsdp|45|FSDP trains with SGD (and resumes) and with AdamW: exit 0, finite loss"
+    "resume|23|2 runs stopped mid-epoch and resumed end bit-exact (weights, optimizer, loss)"
+    "fsdp|60|FSDP trains with SGD (and resumes) and with AdamW: exit 0, finite loss"
     "compile|45|0 recompilations after epoch 1 of 3 (validation's in epoch 1 seen)"
     "tf32_compile|35|compile with tf32: 0 recompilations after epoch 1, old TF32 flags read True"
-    "knobs|40|fp32 >= $knobs_min_accuracy, each knob within $knobs_tolerance of fp32"
-    "device_pipeline|30|pipeline device >= ${pipeline_min_ratio}x the DataLoader's samples/s, decode device >= ${decode_min_ratio}x PIL's"
-    "device_augment|20|alternating flip, decode device: each image mirrored once in 2 passes; auto_augment <= $augment_max_syncs sync per batch"
-    "cifar_recipe|45|configs/cifar10_fast.json val/accuracy >= $recipe_min_accuracy"
+    "knobs|38|fp32 >= $knobs_min_accuracy, each knob within $knobs_tolerance of fp32"
+    "device_pipeline|28|pipeline device >= ${pipeline_min_ratio}x the DataLoader's samples/s, decode device >= ${decode_min_ratio}x PIL's"
+    "device_augment|15|alternating flip, decode device: each image mirrored once in 2 passes; auto_augment <= $augment_max_syncs sync per batch"
+    "cifar_recipe|43|configs/cifar10_fast.json val/accuracy >= $recipe_min_accuracy"
     "airbench|28|recipe training time <= ${airbench_max_ratio}x airbench94's on the same images"
-    "lightning|42|train.py / Lightning whole-process time <= $lightning_max_ratio"
+    "lightning|40|train.py / Lightning whole-process time <= $lightning_max_ratio"
 )
 
 # cmd_<name> DIR: sets `step_command` (an array), or `skip` to the reason the step cannot run here.
