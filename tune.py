@@ -5,6 +5,7 @@ torchrun --standalone --nproc_per_node=2 tune.py -c config.json --lr-range
 """
 
 import argparse
+import json
 import logging
 import sys
 from typing import TYPE_CHECKING
@@ -93,7 +94,9 @@ def tune_lr(
     trainer = build_trainer(config, info, device, logger)
     trainer.check_first_batch()
     group = trainer.optimizer.param_groups[0]
-    base_lr = group.get("initial_lr", group["lr"])  # before a warmup's first factor
+    # The rate the config's learning rate sets: OneCycleLR's peak, else the rate before a
+    # warmup's first factor.
+    base_lr = group.get("max_lr", group.get("initial_lr", group["lr"]))
     result = lr_range_test(trainer, geometric(args.min_lr, args.max_lr, args.steps))
     if info.is_main:
         save_outputs(result, out)
@@ -129,11 +132,22 @@ def report(
     if result.suggestion is None:
         logger.warning("No descent of the loss to read: lower --min-lr or raise --steps.")
         return
-    # optimizer.args.lr maps to the first group's rate by a fixed factor (reference_batch_size,
-    # a group's own rate): the same factor maps the suggestion back.
-    config_lr = config["optimizer"]["args"]["lr"] * result.suggestion / base_lr
+    # The config's rate maps to the first group's by a fixed factor (reference_batch_size, a
+    # group's own rate): the same factor maps the suggestion back. OneCycleLR's max_lr (one per
+    # group, or one for all) sets the peak instead of optimizer.args.lr.
+    factor = result.suggestion / base_lr
+    schedule = config["lr_scheduler"] or {}
+    if schedule.get("type") == "OneCycleLR" and "max_lr" in schedule["args"]:
+        peak = schedule["args"]["max_lr"]
+        scaled = [
+            float(f"{rate * factor:.4g}") for rate in (peak if isinstance(peak, list) else [peak])
+        ]
+        value = scaled if isinstance(peak, list) else scaled[0]
+        line = f"--set lr_scheduler.args.max_lr={json.dumps(value)}"
+    else:
+        line = f"--set optimizer.args.lr={config['optimizer']['args']['lr'] * factor:.4g}"
     print(f"Suggested learning rate {result.suggestion:.4g} (the steepest descent of the loss):")
-    print(f"  --set optimizer.args.lr={config_lr:.4g}")
+    print(f"  {line}")
 
 
 if __name__ == "__main__":
