@@ -21,6 +21,7 @@ from base.base_data_loader import BaseDataLoader
 from base.checks import check_first_batch
 from base.evaluation import evaluate, validate
 from base.intervals import Progress, epoch_speed, log_epoch_line, log_interval, skip_step
+from base.profiling import profiled, profiling
 from logger import Loggers, check_logger_packages, open_loggers
 from utils import amp_dtype, derive_seed, seed_everything, unwrap_model
 from utils.data.batches import (
@@ -108,6 +109,7 @@ class BaseTrainer(abc.ABC):
             self.lookahead = new_lookahead(unwrap_model(self.model), options)  # or None
         self.data_wait_seconds = 0.0  # of the last epoch, measured by train_epoch
         self.flops_per_sample: float | None = None  # of a training step, counted by base/checks.py
+        self.profiler: torch.profiler.profile | None = None  # inside fit(), with trainer.profile
         self.checkpoint_dir = Path(config.checkpoint_dir)
         self.loggers = Loggers([], self.logger)  # opened by fit(), on rank 0
         self.resumed_logger_runs: dict[str, str] = {}  # W&B's and MLflow's run ids, to continue
@@ -157,7 +159,8 @@ class BaseTrainer(abc.ABC):
         metrics: dict[str, float] = {}
         finished = False
         try:
-            with logging_redirect_tqdm(), self.stop:  # log lines go above the progress bar
+            # Log lines go above the progress bar; trainer.profile's window, when it is set.
+            with logging_redirect_tqdm(), self.stop, profiling(self):
                 self.on_train_start()
                 if self.start_epoch > self.epochs:
                     self.logger.info("All %d epochs are already done.", self.epochs)
@@ -232,7 +235,7 @@ class BaseTrainer(abc.ABC):
         ordered = epoch_batches(
             self.train_loader, epoch, first_batch, self.len_epoch, at_resume_point, skip_samples
         )
-        batches = data_wait.timed(ordered)
+        batches = profiled(self.profiler, data_wait.timed(ordered))
         for step, batch in enumerate(batches, start=first_batch + 1):
             batch = to_device(batch, self.device, self.options["channels_last"])
             # Gradients add up over a group of batches, then one optimizer step. Each loss is

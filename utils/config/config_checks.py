@@ -117,6 +117,12 @@ PARAM_GROUPS: Check = (
 PROBABILITY: Check = (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
 # In [0, 1): a share of a whole that leaves something over (label smoothing, Lookahead's decay).
 SHARE: Check = (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)")
+PROFILE_WINDOW: Check = (
+    lambda v: (
+        isinstance(v, list) and len(v) == 3 and all(_is_int(n) and n >= 0 for n in v) and v[2] > 0
+    ),
+    "[wait, warmup, active]: three integers >= 0, active > 0",
+)
 INTERVAL: Check = (lambda v: v in ("epoch", "step"), "one of ('epoch', 'step')")
 DEVICE: Check = (
     lambda v: isinstance(v, str) and DEVICE_NAME.fullmatch(v) is not None,

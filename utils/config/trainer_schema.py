@@ -15,6 +15,7 @@ from utils.config.config_checks import (
     POSITIVE_INT,
     POSITIVE_NUMBER,
     PROBABILITY,
+    PROFILE_WINDOW,
     REQUIRED,
     SHARE,
     STRING,
@@ -71,6 +72,14 @@ class TrainerConfig:
         NON_NEGATIVE_NUMBER,
         "without a terminal (a pipe, a log file): a progress line at most this often; `0`: at every `log_step` read",
     )
+    profile: list[int] | None = key(
+        None,
+        optional(PROFILE_WINDOW),
+        "`[wait, warmup, active]`: `torch.profiler` over the run's first training batches "
+        "(skip `wait`, warm up `warmup`, record `active`, e.g. `[5, 2, 5]`): a trace and the "
+        "top operators in the log folder's `profile/`; `null`: off",
+    )
+    profile_all_ranks: bool = key(False, BOOL, "with `profile`: every rank, not rank 0 alone")
     log_step: int = key(
         10, POSITIVE_INT, "batches between reads of the running loss: the loop's only host sync"
     )
