@@ -1,6 +1,8 @@
-"""Tune a config before training it: the learning-rate range test (docs/performance.md).
+"""Tune a config before training it: the learning-rate range test, the largest batch that fits
+(docs/performance.md).
 
 python tune.py -c configs/demo.json --lr-range               # the LR range test, a suggested lr
+python tune.py -c configs/demo.json --batch-size --max-memory 2      # under 2 GiB of memory
 torchrun --standalone --nproc_per_node=2 tune.py -c config.json --lr-range
 """
 
@@ -8,11 +10,10 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported in main(), after parsing, so that --help answers at once
-    from pathlib import Path
-
     import torch
 
     from parse_config import ConfigParser
@@ -25,8 +26,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     # fmt: off
     add("-c", "--config", required=True, help="config file")
-    add("--lr-range", action="store_true", required=True,
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--lr-range", action="store_true",
         help="the learning-rate range test: a curve of the loss and a suggested optimizer.args.lr")
+    what.add_argument("--batch-size", action="store_true",
+        help="the largest per-process batch whose training step fits in memory")
+    add("--max-memory", type=float, metavar="GIB",
+        help="with --batch-size: a budget of peak memory (required on the CPU: the process's "
+             "peak resident memory; on CUDA: torch's allocator, else until out of memory)")
+    add("--max-batch", type=int, default=65536, help="with --batch-size: the largest tried")
     add("--steps", type=int, default=100, help="optimizer steps at most (default 100)")
     add("--min-lr", type=float, default=1e-7, help="the first learning rate (default 1e-7)")
     add("--max-lr", type=float, default=10.0, help="the last learning rate (default 10)")
@@ -37,6 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 3 or not 0 < args.min_lr < args.max_lr:
         parser.error("--steps must be >= 3 and 0 < --min-lr < --max-lr")
+    if (args.max_memory is not None and args.max_memory <= 0) or args.max_batch < 1:
+        parser.error("--max-memory and --max-batch must be > 0")
     return args
 
 
@@ -69,7 +79,7 @@ def run(config: "ConfigParser", args: argparse.Namespace) -> None:
     use_device(device)
     distributed = config["distributed"]
     with process_group(info, distributed["backend"], device, distributed["timeout"]):
-        tune_lr(config, info, device, args)
+        (tune_lr if args.lr_range else tune_batch_size)(config, info, device, args)
         barrier()
 
 
@@ -101,6 +111,39 @@ def tune_lr(
     if info.is_main:
         save_outputs(result, out)
         report(result, config, base_lr, out, logger)
+
+
+def tune_batch_size(
+    config: "ConfigParser", info: "ProcessInfo", device: "torch.device", args: argparse.Namespace
+) -> None:
+    from base.tuning import largest_batch
+    from build import build_trainer
+    from utils import UserError, configure_torch, seed_everything
+
+    logger = logging.getLogger("tune")
+    if device.type != "cuda" and args.max_memory is None:
+        raise UserError("--batch-size on the CPU: give a budget with --max-memory GIB")
+    if device.type == "cpu" and not Path("/proc/self/clear_refs").exists():
+        raise UserError("--batch-size on the CPU measures memory through Linux's /proc")
+    seed_everything(config["seed"])
+    configure_torch(config["trainer"], device)
+    trainer = build_trainer(config, info, device, logger)
+    trainer.check_first_batch()
+    budget = None if args.max_memory is None else int(args.max_memory * 2**30)
+    size = largest_batch(trainer, budget, args.max_batch)
+    if size is None:
+        raise UserError(f"not even a batch of 1 fits in {args.max_memory} GiB")
+    if info.is_main:
+        old = config["data_loader"]["args"]["batch_size"]
+        print(f"Largest batch that fits: {size} per process (the config's: {old}).")
+        print(f"  --set data_loader.args.batch_size={size}")
+        if config["optimizer"]["reference_batch_size"] is None:  # the linear scaling rule
+            lr = config["optimizer"]["args"]["lr"] * size / old
+            print(
+                f"  --set optimizer.args.lr={lr:.4g}   (scaled with the batch, x{size / old:.3g})"
+            )
+        else:
+            print("  (optimizer.reference_batch_size scales the learning rates to the batch)")
 
 
 def save_outputs(result: "RangeTest", out: "Path") -> None:

@@ -1,19 +1,25 @@
-"""The learning-rate range test through the engine (tune.py --lr): the trainer's own
-training_step, accumulation, autocast and GradScaler, clipping and gradient synchronisation
-(DDP, FSDP), at learning rates set step by step. Everything it changes is put back: the
-model, the optimizer, the GradScaler and the random number generators are those of a fresh
-run afterwards."""
+"""Tuning through the engine (tune.py): the learning-rate range test, and the largest batch
+that fits. Both run the trainer's own training_step, accumulation, autocast and GradScaler,
+clipping and gradient synchronisation (DDP, FSDP), and put back everything they change: the
+model, the optimizer, the GradScaler and the random number generators are those of a fresh run
+afterwards."""
 
+import contextlib
 import copy
+import ctypes
+import ctypes.util
+import gc
 import itertools
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from utils.data.batches import epoch_batches, to_device
-from utils.distributed.process_group import all_reduce_sum, world_size
+from utils.distributed.process_group import all_reduce_max, all_reduce_sum, world_size
 from utils.distributed.sharding import gradient_sync
 from utils.optim.lr_range import RangeTest, run_range_test
 from utils.util import get_rng_state, set_rng_state
@@ -22,9 +28,9 @@ if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
 
 
-def lr_range_test(trainer: "BaseTrainer", lrs: list[float]) -> RangeTest:
-    """Train one optimizer step per learning rate of `lrs` (each group keeps its ratio to the
-    first group's rate) until the loss diverges; then restore the trainer's state."""
+@contextlib.contextmanager
+def restored(trainer: "BaseTrainer") -> Iterator[None]:
+    """The trainer's model, optimizer, GradScaler and RNG states as they were before the block."""
     saved = {
         "model": copy.deepcopy(trainer.model.state_dict()),
         "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
@@ -32,13 +38,20 @@ def lr_range_test(trainer: "BaseTrainer", lrs: list[float]) -> RangeTest:
         "rng": get_rng_state(trainer.device),
     }
     try:
-        return run_range_test(engine_step(trainer, len(lrs)), lrs)
+        yield
     finally:
         trainer.model.load_state_dict(saved["model"])
         trainer.optimizer.load_state_dict(saved["optimizer"])
         trainer.scaler.load_state_dict(saved["scaler"])
         set_rng_state(saved["rng"], trainer.device)
         trainer.optimizer.zero_grad(set_to_none=True)
+
+
+def lr_range_test(trainer: "BaseTrainer", lrs: list[float]) -> RangeTest:
+    """Train one optimizer step per learning rate of `lrs` (each group keeps its ratio to the
+    first group's rate) until the loss diverges; then restore the trainer's state."""
+    with restored(trainer):
+        return run_range_test(engine_step(trainer, len(lrs)), lrs)
 
 
 def engine_step(trainer: "BaseTrainer", num_steps: int) -> Callable[[float], float]:
@@ -55,22 +68,111 @@ def engine_step(trainer: "BaseTrainer", num_steps: int) -> Callable[[float], flo
     def step(lr: float) -> float:
         for group, ratio in zip(trainer.optimizer.param_groups, ratios, strict=True):
             group["lr"] = lr * ratio
-        total = torch.zeros((), device=trainer.device)
-        for index, batch in enumerate(itertools.islice(batches, accumulate)):
-            batch = to_device(batch, trainer.device, trainer.options["channels_last"])
-            with gradient_sync(trainer.model, index == accumulate - 1):
-                with torch.autocast(
-                    trainer.device.type, trainer.amp_dtype, trainer.amp_dtype is not None
-                ):
-                    loss = trainer.training_step(batch).loss
-                trainer.scaler.scale(loss / accumulate).backward()
-            total += loss.detach().float() / accumulate
-        if trainer.options["grad_clip"] is not None:
-            trainer.scaler.unscale_(trainer.optimizer)
-            nn.utils.clip_grad_norm_(trainer.model.parameters(), trainer.options["grad_clip"])
-        trainer.scaler.step(trainer.optimizer)
-        trainer.scaler.update()
-        trainer.optimizer.zero_grad(set_to_none=True)
-        return float(all_reduce_sum(total)) / world_size()
+        return float(train_step(trainer, list(itertools.islice(batches, accumulate))))
 
     return step
+
+
+def train_step(trainer: "BaseTrainer", group: list[Any]) -> torch.Tensor:
+    """One optimizer step on a group of batches (accumulated); their mean loss over the ranks."""
+    total = torch.zeros((), device=trainer.device)
+    for index, batch in enumerate(group):
+        batch = to_device(batch, trainer.device, trainer.options["channels_last"])
+        with gradient_sync(trainer.model, index == len(group) - 1):
+            with torch.autocast(
+                trainer.device.type, trainer.amp_dtype, trainer.amp_dtype is not None
+            ):
+                loss = trainer.training_step(batch).loss
+            trainer.scaler.scale(loss / len(group)).backward()
+        total += loss.detach().float() / len(group)
+    if trainer.options["grad_clip"] is not None:
+        trainer.scaler.unscale_(trainer.optimizer)
+        nn.utils.clip_grad_norm_(trainer.model.parameters(), trainer.options["grad_clip"])
+    trainer.scaler.step(trainer.optimizer)
+    trainer.scaler.update()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return all_reduce_sum(total) / world_size()
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, limit: int) -> int | None:
+    """The largest n <= limit with fits(n), for fits true up to some size and false above it:
+    doubling from `start` until it fails, then bisecting (halving first when `start` fails).
+    None when not even 1 fits."""
+    low, high = 0, None  # fits(low) (0: nothing yet), not fits(high)
+    size = min(start, limit)
+    while high is None:
+        if fits(size):
+            low = size
+            if size == limit:
+                return size
+            size = min(2 * size, limit)
+        else:
+            high = size
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low or None
+
+
+def largest_batch(trainer: "BaseTrainer", budget: int | None, limit: int) -> int | None:
+    """The largest per-process batch whose training step fits: without running out of CUDA
+    memory, and within `budget` bytes of peak memory when given (CUDA: torch's allocator; the
+    CPU: the process's peak resident memory, Linux). The trainer's state is restored."""
+    sample_batches = list(itertools.islice(trainer.train_loader, 4))
+
+    def fits(size: int) -> bool:
+        batch = tiled(sample_batches, size)
+        try:
+            with restored(trainer), peak_memory(trainer.device) as peak:
+                train_step(trainer, [batch])
+            ok = budget is None or peak() <= budget
+        except torch.OutOfMemoryError:
+            ok = False
+        del batch
+        if trainer.device.type == "cuda":
+            torch.cuda.empty_cache()
+        # Every rank must take the same answer: a batch too big for one is too big.
+        return not all_reduce_max(torch.tensor(int(not ok), device=trainer.device))
+
+    trainer.model.train()
+    return largest_fitting(fits, trainer.train_loader.batch_size, limit)
+
+
+def tiled(batches: list[Any], size: int) -> Any:
+    """A batch of `size` samples made of `batches` repeated (tensors in tuples, lists, dicts)."""
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        repeats = -(-size // sum(len(batch) for batch in batches))
+        return torch.cat(batches * repeats)[:size]
+    if isinstance(first, dict):
+        return {key: tiled([batch[key] for batch in batches], size) for key in first}
+    if isinstance(first, list | tuple):
+        return type(first)(tiled([batch[i] for batch in batches], size) for i in range(len(first)))
+    return first
+
+
+@contextlib.contextmanager
+def peak_memory(device: torch.device) -> Iterator[Callable[[], int]]:
+    """Yields a function giving the peak memory in bytes of what ran inside the block: CUDA's
+    allocator, or on the CPU the process's peak resident set (Linux: reset through
+    /proc/self/clear_refs, read from VmHWM)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        yield lambda: torch.cuda.max_memory_allocated(device)
+        return
+    # What earlier, larger trials freed goes back to the system first (glibc keeps it), or it
+    # would count in this one's peak.
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc is not None and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    yield (
+        lambda: (
+            1024
+            * int(re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
+        )
+    )

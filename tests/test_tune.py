@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from base.tuning import lr_range_test
+from base.tuning import largest_fitting, lr_range_test
 from build import build_trainer
 from parse_config import ConfigParser
 from utils.distributed.process_group import process_info
@@ -119,3 +119,79 @@ def test_tune_py_writes_the_curve_and_prints_the_set_line(tmp_path: Path):
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert again.returncode == 2 and again.stderr.strip().endswith("choose another --run-id")
     assert {path.name: path.read_bytes() for path in out.iterdir()} == kept
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_search_finds_the_largest_size_that_fits_in_few_tries(num_examples):
+    """Whatever the true limit, the start and the cap: the answer is the largest size that fits
+    (None when nothing does), in at most about 2 log2 tries."""
+
+    @settings(max_examples=num_examples)
+    @given(fits_up_to=st.integers(0, 5000), start=st.integers(1, 2000), cap=st.integers(1, 9000))
+    def check(fits_up_to: int, start: int, cap: int) -> None:
+        tried = []
+
+        def fits(size: int) -> bool:
+            tried.append(size)
+            return size <= fits_up_to
+
+        found = largest_fitting(fits, start, cap)
+        expected = min(fits_up_to, cap)
+        assert found == (expected or None)
+        assert len(tried) <= 2 * math.log2(max(cap, 2)) + 3
+
+    check()
+
+
+PEAKS = """
+import argparse, itertools, logging, sys, torch
+from base.tuning import peak_memory, restored, tiled, train_step
+from build import build_trainer
+from parse_config import ConfigParser
+from utils.distributed.process_group import process_info
+config = ConfigParser.from_args(argparse.Namespace(config=sys.argv[1]))
+trainer = build_trainer(config, process_info(), torch.device("cpu"), logging.getLogger("t"))
+trainer.check_first_batch()
+samples = list(itertools.islice(trainer.train_loader, 4))
+for size in map(int, sys.argv[2:]):
+    with restored(trainer), peak_memory(trainer.device) as peak:
+        train_step(trainer, [tiled(samples, size)])
+    print(peak())
+"""
+
+
+@pytest.mark.slow  # three processes that import torch
+def test_tune_py_batch_size_answers_a_batch_that_fits_the_budget_and_whose_double_does_not(
+    tmp_path: Path,
+):
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("the CPU's peak memory is read from Linux's /proc")
+    config = demo_config(tmp_path)
+    env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    budget = 1.0  # GiB: the demo's process holds about 0.6 at rest, 1.1 with a batch of 512
+    result = subprocess.run(
+        [sys.executable, "tune.py", "-c", str(config), "--batch-size", "--max-memory", str(budget)],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [
+        line for line in result.stdout.splitlines() if "--set data_loader.args.batch_size=" in line
+    ]
+    size = int(line.split("=")[1])
+    assert "--set optimizer.args.lr=" in result.stdout  # the demo has no reference_batch_size
+    peaks = subprocess.run(
+        [sys.executable, "-c", PEAKS, str(config), str(size), str(2 * size)],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert peaks.returncode == 0, peaks.stderr[-3000:]
+    fitting, double = map(int, peaks.stdout.split())
+    assert fitting <= budget * 2**30 * 1.02 < double  # 2 %: what one measurement varies by
+
+
+def test_tune_py_batch_size_on_the_cpu_needs_a_budget(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, "tune.py", "-c", str(demo_config(tmp_path)), "--batch-size"],
+        cwd=ROOT, env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stderr.strip().endswith("--max-memory GIB")
