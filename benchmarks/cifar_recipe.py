@@ -102,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.min_accuracy is None:
         return 0
     accuracy = float(rows[-1]["val/accuracy"])
+    # The last epoch's model FLOP utilisation, where the device's peak is known (a GPU).
+    mfu = rows[-1].get("time/mfu")
+    utilisation = f", MFU {100 * float(mfu):.3g} %" if mfu else ""
     print(
         f"figure: val/accuracy {accuracy:.4f} after {len(rows)} epochs, {seconds:.0f} s "
-        f"whole process ({sum(float(row['time/epoch_seconds']) for row in rows):.1f} s in epochs)",
+        f"whole process ({sum(float(row['time/epoch_seconds']) for row in rows):.1f} s in epochs)"
+        f"{utilisation}",
         flush=True,
     )
     return 0 if accuracy >= args.min_accuracy else 1
