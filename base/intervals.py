@@ -34,6 +34,7 @@ class Progress:
         self.tqdm = tqdm(total=last_step, initial=first_batch, disable=not self.bar, leave=False)
         self.tqdm.set_description(f"epoch {epoch}/{trainer.epochs}")
         self.since, self.batch_at = time.perf_counter(), first_batch
+        self.read_at, self.read_batch = self.since, first_batch  # the last log_step read
 
     def update(self, step: int, loss: float) -> None:
         self.tqdm.set_postfix(loss=f"{loss:.4f}")
@@ -69,6 +70,13 @@ def log_interval(
     values = {"train/step_loss": interval_loss}
     if trainer.step_per_batch:
         values["train/lr"] = trainer.optimizer.param_groups[0]["lr"]
+    if trainer.flops_per_sample:  # since the last read (its sync ended the batches before it)
+        now, loader = time.perf_counter(), trainer.train_loader
+        samples = (step - progress.read_batch) * loader.batch_size * trainer.data.num_replicas
+        values["time/flops_per_second"] = (
+            trainer.flops_per_sample * samples / (now - progress.read_at)
+        )
+        progress.read_at, progress.read_batch = now, step
     trainer.loggers.log_step(values, step=trainer.global_step, epoch=epoch, batch=step)
     progress.update(step, interval_loss)
     return stop_signum

@@ -2,6 +2,7 @@
 check counts equal an independent count of the network's convolutions and linear layers, the
 epoch logs the FLOP/s achieved, and MFU is FLOP/s against the device's peak where it is known."""
 
+import csv
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,7 +45,7 @@ def test_the_counted_flops_are_three_times_the_forward_of_config_jsons_network(t
     config["arch"]["args"] = shipped  # the shipped network's shape, on the demo's data
     config["data_loader"] = json.loads((ROOT / "configs/demo.json").read_text())["data_loader"]
     config["data_loader"]["args"].update(num_train=64, num_test=32, batch_size=16, num_workers=0)
-    config["trainer"].update(epochs=1, tensorboard=False, amp=None, channels_last=False)
+    config["trainer"].update(epochs=1, loggers=["csv"], log_step=1, amp=None, channels_last=False)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     result = run_main("train.py", "-c", str(path), "--run-id", "flops")
@@ -61,6 +62,11 @@ def test_the_counted_flops_are_three_times_the_forward_of_config_jsons_network(t
     )
     assert "time/mfu" not in metrics  # the CPU has no peak in the table
     assert "GFLOP/s" in result.stdout + result.stderr
+    # Every log_step read too: the FLOP/s since the last read.
+    steps_csv = tmp_path / "saved/log" / config["name"] / "flops/steps.csv"
+    with steps_csv.open() as file:
+        rows = list(csv.DictReader(file))
+    assert rows and all(float(row["time/flops_per_second"]) > 0 for row in rows)
 
 
 def test_mfu_is_the_achieved_flops_against_the_devices_peak(monkeypatch):
