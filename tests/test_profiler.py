@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_main, shrink
+from conftest import ROOT, run_main, run_script, shrink
 
 from base.profiling import profiled
 
@@ -24,8 +24,9 @@ def demo(tmp_path: Path, **trainer) -> Path:
 
 
 def test_the_profile_window_writes_a_trace_and_the_top_operators_and_changes_no_weight(tmp_path):
-    profiled_run = run_main("train.py", "-c", str(demo(tmp_path / "on", profile=[1, 1, 2])),
-                            "--run-id", "on")  # fmt: skip
+    # The profiled run as its own process, end to end; the plain one in this process.
+    profiled_run = run_script("train.py", "-c", str(demo(tmp_path / "on", profile=[1, 1, 2])),
+                              "--run-id", "on")  # fmt: skip
     plain_run = run_main("train.py", "-c", str(demo(tmp_path / "off")), "--run-id", "off")
     assert profiled_run.returncode == plain_run.returncode == 0, profiled_run.stderr[-3000:]
     out = tmp_path / "on" / "saved" / "log" / RUN / "on" / "profile"
