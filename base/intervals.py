@@ -73,7 +73,7 @@ def log_interval(
     if trainer.flops_per_sample:  # since the last read (its sync ended the batches before it)
         now, loader = time.perf_counter(), trainer.train_loader
         samples = (step - progress.read_batch) * loader.batch_size * trainer.data.num_replicas
-        values["time/flops_per_second"] = (
+        values["time/step_flops_per_second"] = (
             trainer.flops_per_sample * samples / (now - progress.read_at)
         )
         progress.read_at, progress.read_batch = now, step

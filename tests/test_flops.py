@@ -66,7 +66,7 @@ def test_the_counted_flops_are_three_times_the_forward_of_config_jsons_network(t
     steps_csv = tmp_path / "saved/log" / config["name"] / "flops/steps.csv"
     with steps_csv.open() as file:
         rows = list(csv.DictReader(file))
-    assert rows and all(float(row["time/flops_per_second"]) > 0 for row in rows)
+    assert rows and all(float(row["time/step_flops_per_second"]) > 0 for row in rows)
 
 
 def test_mfu_is_the_achieved_flops_against_the_devices_peak(monkeypatch):
