@@ -46,7 +46,9 @@ def sharded_step() -> dict[str, object]:
     norm = nn.utils.clip_grad_norm_(model.parameters(), 0.01)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     optimizer.step()
-    weights = {name: p.full_tensor() for name, p in model.named_parameters()}
+    # Detached: a parameter's full_tensor() is differentiable, and its graph holds the device
+    # mesh, so the process group, past the group's end (see main).
+    weights = {name: p.detach().full_tensor() for name, p in model.named_parameters()}
 
     # trainer.amp "bf16": the layers compute with bf16 parameters, gradients reduce in fp32.
     mixed = new_model()
@@ -66,11 +68,13 @@ def main() -> None:
     # collected before the group is destroyed. Destroyed while they lived, the group went with
     # them whenever the collector next ran, at worst during the interpreter's exit, where the
     # gloo backend's worker threads cannot take the GIL: 1 run in 140 aborted ("terminate called
-    # without an active exception").
+    # without an active exception"). The same abort, 1 run in about 20 in CI, came from the
+    # saved weights' autograd graph, which held the mesh: they are detached now.
     with process_group(process_info(), "gloo", torch.device("cpu")):
         result = sharded_step()
         if dist.get_rank() == 0:
             torch.save(result, sys.argv[1])
+        del result
 
 
 if __name__ == "__main__":
