@@ -2,6 +2,7 @@
 into that copy (docs/new-project.md).
 
     python new_project.py ../MyProject            # a copy, a git repository with one commit
+    python new_project.py --lean ../MyProject     # without the optional parts (lean_copy.py)
     python new_project.py --update ../MyProject   # merge the template's changes since then
 
 copier (https://copier.readthedocs.io) does both: it records the template's commit in the copy
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 ANSWERS = ".copier-answers.yml"
@@ -66,16 +68,50 @@ def template_commit(root: Path) -> str | None:
     return head.stdout.strip()
 
 
-def copy_template(root: Path, target: Path, project_name: str = "my-project") -> None:
-    """root's files into target (copier), less what copier.yml and `environments` leave out."""
+def lean_texts(root: Path, folder: Path, python_files: Iterable[str] = ()) -> dict[str, str]:
+    """{file: new text} for each file of `folder` (the template `root`, or a lean copy of it)
+    that a lean copy changes (lean_copy.py): those lean_copy.EDITS names and `python_files`.
+    CopyError when an edit no longer applies to the file."""
+    import lean_copy
+
+    parts = lean_copy.lean_parts((root / "copier.yml").read_text(encoding="utf-8"))
+    patterns = [pattern for part in parts.values() for pattern in part]
+    modules = lean_copy.left_out_modules(patterns)
+    named = lean_copy.mention(patterns, modules)
+    names = {name for name, _, _ in lean_copy.EDITS} | set(python_files)
+    changed = {}
+    for name in sorted(name for name in names if not lean_copy.is_left_out(name, patterns)):
+        if not (folder / name).is_file():
+            raise CopyError(f"lean_copy.EDITS names {name}, which {folder} does not have")
+        text = (folder / name).read_text(encoding="utf-8")
+        try:
+            new = lean_copy.lean_text(name, text, modules, named)
+        except ValueError as error:
+            raise CopyError(f"{error}: the template changed; update lean_copy.py") from None
+        if new != text:
+            changed[name] = new
+    return changed
+
+
+def copy_template(
+    root: Path, target: Path, project_name: str = "my-project", *, lean: bool = False
+) -> None:
+    """root's files into target (copier), less what copier.yml and `environments` leave out
+    (and with `lean`, the optional parts: lean_copy.py)."""
     import copier  # only this script needs it
 
+    if lean:  # refused before anything is written
+        lean_texts(root, root)
     with warnings.catch_warnings():  # copier's own about a dirty template: template_commit's
         warnings.simplefilter("ignore", copier.errors.DirtyLocalWarning)
         copier.run_copy(
-            str(root), target, data={"project_name": project_name}, defaults=True, quiet=True,
-            exclude=environments(root), vcs_ref="HEAD" if (root / ".git").exists() else None,
+            str(root), target, data={"project_name": project_name, "lean": lean}, defaults=True,
+            quiet=True, exclude=environments(root),
+            vcs_ref="HEAD" if (root / ".git").exists() else None,
         )  # fmt: skip
+    python_files = [path.relative_to(target).as_posix() for path in target.rglob("*.py")]
+    for name, text in lean_texts(root, target, python_files).items() if lean else ():
+        (target / name).write_text(text, encoding="utf-8")
     (target / "saved").mkdir(exist_ok=True)
     (target / "saved" / ".gitkeep").touch()
     pyproject = target / "pyproject.toml"
@@ -141,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true",
                         help="merge this template's newer commits into the copy TARGET")  # fmt: skip
     parser.add_argument("--name", help="the project's name (default: the folder's name)")
+    parser.add_argument("--lean", action="store_true",
+                        help="leave out the optional parts: benchmarks, sweeps, the worked "
+                        "examples of other tasks (docs/new-project.md)")  # fmt: skip
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parent
     target = Path(args.target).resolve()
@@ -160,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if importlib.util.find_spec("copier") is None:
             raise CopyError("new_project.py needs copier: pip install copier")
         commit = template_commit(root)
-        copy_template(root, target, name)
+        copy_template(root, target, name, lean=args.lean)
         first_commit(target, commit)
     except CopyError as error:
         print(f"error: {error}", file=sys.stderr)

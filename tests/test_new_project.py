@@ -6,6 +6,7 @@ true conflict as conflict markers with a one-line summary."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -216,3 +217,96 @@ def test_a_fresh_copy_passes_its_pre_commit_hooks(template: Path, tmp_path: Path
     )  # fmt: skip
     assert hooks.returncode == 0, hooks.stdout[-3000:]
     assert git("status", "--porcelain", cwd=copy) == ""  # nothing to fix
+
+
+# --- a lean copy (--lean): the optional parts left out, and nothing names them -----------------
+
+
+def lean_rules() -> tuple[list[str], re.Pattern]:
+    """copier.yml's lean patterns, and what names a left-out part (lean_copy.mention)."""
+    import lean_copy
+
+    parts = lean_copy.lean_parts((ROOT / "copier.yml").read_text())
+    assert {"benchmarks", "sweeps", "examples"} <= set(parts)
+    patterns = [pattern for part in parts.values() for pattern in part]
+    return patterns, lean_copy.mention(patterns, lean_copy.left_out_modules(patterns))
+
+
+def mentions(folder: Path, files: list[str], texts: dict[str, str]) -> list[str]:
+    """file:line of each kept text file's line that names a left-out part. This file is exempt:
+    it names them to check them, and skips itself in any copy (no new_project.py)."""
+    import lean_copy
+
+    _, named = lean_rules()
+    found = []
+    for name in files:
+        if name == lean_copy.SELF_TEST or name.endswith(".png"):
+            continue
+        text = texts.get(name) or (folder / name).read_text(encoding="utf-8")
+        found += [f"{name}:{i}: {line}" for i, line in enumerate(text.splitlines()) if named.search(line)]  # fmt: skip
+    return found
+
+
+def test_a_lean_copys_edits_apply_to_the_template_and_leave_no_mention_of_what_it_left_out():
+    """In memory, without copier: every lean_copy.EDITS entry applies to the template as it is
+    now (a change to a file it edits fails here, not in a user's copy), and the kept files, so
+    edited, name no left-out file or module."""
+    import lean_copy
+
+    patterns, _ = lean_rules()
+    files = git("ls-files", "-co", "--exclude-standard", cwd=ROOT).split()
+    files = [n for n in files if (ROOT / n).is_file()]
+    kept = [name for name in files if not lean_copy.is_left_out(name, patterns)]
+    assert {"sweep.py", "benchmarks/overhead.py", "docs/sweeps.md"}.isdisjoint(kept)
+    assert {"train.py", "configs/demo.json", "configs/cifar10_fast.json"} <= set(kept)
+    texts = new_project.lean_texts(ROOT, ROOT, [name for name in kept if name.endswith(".py")])
+    assert not mentions(ROOT, [n for n in kept if n not in ("copier.yml", "lean_copy.py")], texts)
+    # The generic part: a left-out module's import and its names in __all__ go.
+    text = 'from model.sequence import GRUClassifier  # in __all__ too\n__all__ = [\n    "CifarCNN",\n    "GRUClassifier",\n]\n'  # fmt: skip
+    assert (
+        lean_copy.without_imports(text, {"model.sequence"}) == '__all__ = [\n    "CifarCNN",\n]\n'
+    )
+
+
+def test_a_lean_edit_that_no_longer_applies_refuses_the_copy_before_it_starts(
+    tmp_path, monkeypatch
+):
+    import lean_copy
+
+    root = fake_template(tmp_path / "template")
+    touch(root / "README.md", "# A README that does not name the benchmarks\n")
+    monkeypatch.setattr(lean_copy, "EDITS", [("README.md", "### Benchmarks", None)])
+    with pytest.raises(new_project.CopyError, match="no single heading '### Benchmarks'"):
+        new_project.copy_template(root, tmp_path / "MyProject", lean=True)
+    assert not (tmp_path / "MyProject").exists()
+
+
+@pytest.mark.slow  # about 40 s: a copy, ruff, lint-imports and the copy's docs and layering tests
+def test_a_lean_copy_has_no_optional_part_and_passes_its_lint_layering_and_tests(
+    template: Path, tmp_path: Path
+) -> None:
+    import lean_copy
+
+    copy = tmp_path / "Lean"
+    result = new_project_py(template, "--lean", str(copy))
+    assert result.returncode == 0, result.stderr
+    assert "lean: true" in (copy / ".copier-answers.yml").read_text()
+    patterns, _ = lean_rules()
+    files = git("ls-files", cwd=copy).split()
+    assert not [name for name in files if lean_copy.is_left_out(name, patterns)]
+    assert not (copy / "sweeps").exists() and not (copy / "benchmarks").exists()
+    assert not mentions(copy, files, {})
+    assert git("status", "--porcelain", cwd=copy) == ""  # the edits are in the first commit
+    tools = Path(sys.executable).parent
+    for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."], ["lint-imports"]):
+        if command[0] == "lint-imports" and not (tools / "lint-imports").is_file():
+            continue  # import-linter: the dev extra
+        checked = subprocess.run([str(tools / command[0]), *command[1:]], cwd=copy,
+                                 capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert checked.returncode == 0, (command, checked.stdout[-3000:])
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
+         "tests/test_readme.py", "tests/test_docs.py", "tests/test_layers.py"],
+        cwd=copy, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert tests.returncode == 0, tests.stdout[-3000:]
