@@ -163,11 +163,13 @@ def without_unused_imports(text: str) -> str:
     return "".join(lines)
 
 
-def without_section(text: str, heading: str) -> str:
-    """A Markdown page without the section `heading` opens (outside code fences, the heading
-    and all down to the next heading of its level or above)."""
+def section(lines: list[str], heading: str) -> tuple[int, int]:
+    """The lines [start, end) of the Markdown section `heading` opens: the heading and all down
+    to the next heading of its level or above, outside code fences. ValueError unless `heading`
+    is one line of `lines`, once."""
+    if lines.count(heading + "\n") != 1:
+        raise ValueError(f"no single heading {heading!r}")
     level = len(heading) - len(heading.lstrip("#"))
-    lines = text.splitlines(keepends=True)
     start = lines.index(heading + "\n")
     end, fenced = start + 1, False
     while end < len(lines):
@@ -176,7 +178,18 @@ def without_section(text: str, heading: str) -> str:
         if not fenced and 0 < marks <= level and lines[end][marks] == " ":
             break
         end += 1
-    return "".join(lines[:start] + lines[end:])
+    return start, end
+
+
+def without_examples_of(text: str, named: re.Pattern) -> str:
+    """A Markdown page without its "Worked example" sections that name a left-out part (the
+    worked examples of other tasks, docs/extending.md)."""
+    for heading in re.findall(r"(?m)^#+ Worked example\b.*$", text):
+        lines = text.splitlines(keepends=True)
+        start, end = section(lines, heading)
+        if named.search("".join(lines[start:end])):
+            text = "".join(lines[:start] + lines[end:])
+    return text
 
 
 def edit(text: str, old: str | re.Pattern, new: str | None) -> str:
@@ -187,9 +200,9 @@ def edit(text: str, old: str | re.Pattern, new: str | None) -> str:
             raise ValueError(f"no match for {old.pattern!r}")
         return text
     if new is None:
-        if text.count(heading := old + "\n") != 1:
-            raise ValueError(f"no single heading {old!r}")
-        return without_section(text, heading.removesuffix("\n"))
+        lines = text.splitlines(keepends=True)
+        start, end = section(lines, old)
+        return "".join(lines[:start] + lines[end:])
     if text.count(old) != 1:
         raise ValueError(f"{old[:60]!r} occurs {text.count(old)} times, not once")
     return text.replace(old, new)
@@ -203,6 +216,8 @@ def lean_text(name: str, text: str, modules: set[str], named: re.Pattern) -> str
                 text = edit(text, old, new)
             except ValueError as error:
                 raise ValueError(f"lean_copy.EDITS, {name}: {error}") from None
+    if name.endswith(".md"):
+        text = without_examples_of(text, named)
     if name.endswith(".py") and name != SELF_TEST:
         text = without_imports(text, modules)
         if name.startswith("tests/"):

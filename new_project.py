@@ -68,9 +68,10 @@ def template_commit(root: Path) -> str | None:
     return head.stdout.strip()
 
 
-def lean_texts(root: Path, folder: Path, python_files: Iterable[str] = ()) -> dict[str, str]:
+def lean_texts(root: Path, folder: Path, files: Iterable[str] = ()) -> dict[str, str]:
     """{file: new text} for each file of `folder` (the template `root`, or a lean copy of it)
-    that a lean copy changes (lean_copy.py): those lean_copy.EDITS names and `python_files`.
+    that a lean copy changes (lean_copy.py): those lean_copy.EDITS names, and among `files` its
+    Python and Markdown files.
     CopyError when an edit no longer applies to the file."""
     import lean_copy
 
@@ -78,7 +79,9 @@ def lean_texts(root: Path, folder: Path, python_files: Iterable[str] = ()) -> di
     patterns = [pattern for part in parts.values() for pattern in part]
     modules = lean_copy.left_out_modules(patterns)
     named = lean_copy.mention(patterns, modules)
-    names = {name for name, _, _ in lean_copy.EDITS} | set(python_files)
+    names = {name for name, _, _ in lean_copy.EDITS} | {
+        n for n in files if n.endswith((".py", ".md"))
+    }
     changed = {}
     for name in sorted(name for name in names if not lean_copy.is_left_out(name, patterns)):
         if not (folder / name).is_file():
@@ -109,8 +112,8 @@ def copy_template(
             quiet=True, exclude=environments(root),
             vcs_ref="HEAD" if (root / ".git").exists() else None,
         )  # fmt: skip
-    python_files = [path.relative_to(target).as_posix() for path in target.rglob("*.py")]
-    for name, text in lean_texts(root, target, python_files).items() if lean else ():
+    files = [path.relative_to(target).as_posix() for path in target.rglob("*")]
+    for name, text in lean_texts(root, target, files).items() if lean else ():
         (target / name).write_text(text, encoding="utf-8")
     (target / "saved").mkdir(exist_ok=True)
     (target / "saved" / ".gitkeep").touch()

@@ -259,7 +259,7 @@ def test_a_lean_copys_edits_apply_to_the_template_and_leave_no_mention_of_what_i
     kept = [name for name in files if not lean_copy.is_left_out(name, patterns)]
     assert {"sweep.py", "benchmarks/overhead.py", "docs/sweeps.md"}.isdisjoint(kept)
     assert {"train.py", "configs/demo.json", "configs/cifar10_fast.json"} <= set(kept)
-    texts = new_project.lean_texts(ROOT, ROOT, [name for name in kept if name.endswith(".py")])
+    texts = new_project.lean_texts(ROOT, ROOT, kept)
     assert not mentions(ROOT, [n for n in kept if n not in ("copier.yml", "lean_copy.py")], texts)
     # The generic part: a left-out module's import and its names in __all__ go.
     text = 'from model.sequence import GRUClassifier  # in __all__ too\n__all__ = [\n    "CifarCNN",\n    "GRUClassifier",\n]\n'  # fmt: skip
