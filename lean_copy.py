@@ -46,8 +46,6 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("tests/test_gpu_resume.py", " (benchmarks/gpu_check.sh's step \"resume\"; skipped without CUDA)", " (skipped without CUDA)"),
     ("tests/test_gpu_paths.py", " (benchmarks/gpu_check.sh runs them; skipped without\nCUDA)", " (skipped without CUDA)"),
     ("tests/test_cifar_recipe.py", "\n\n# --- benchmarks/reencode_jpeg.py: the cost of a JPEG pass (docs/recipes.md) ---------------------\n", ""),
-    # what --lean is: no new_project.py in a copy to ask for it
-    ("docs/new-project.md", "## A lean copy", None),
     # sweeps
     ("README.md", "### Experiments: loggers, sweeps, devices", "### Experiments: loggers, devices"),
     ("README.md", "```bash\npython sweep.py -c configs/demo.json --grid 'optimizer.args.lr=[0.01,0.001]' --parallel 2\n```\n\n`sweep.py` runs one ordinary train.py run per trial (`--grid`, `--random N`, `--optuna N`) under\n`saved/sweeps/<name>/`, resumable, ranked by `trainer.monitor` in `sweep_summary.csv`; `--slurm`\nwrites a job array: [docs/sweeps.md](docs/sweeps.md). ", ""),

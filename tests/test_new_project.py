@@ -281,7 +281,7 @@ def test_a_lean_edit_that_no_longer_applies_refuses_the_copy_before_it_starts(
     assert not (tmp_path / "MyProject").exists()
 
 
-@pytest.mark.slow  # about 40 s: a copy, ruff, lint-imports and the copy's docs and layering tests
+@pytest.mark.slow  # about 1 min: a copy, ruff, lint-imports, some of the copy's tests, an update
 def test_a_lean_copy_has_no_optional_part_and_passes_its_lint_layering_and_tests(
     template: Path, tmp_path: Path
 ) -> None:
@@ -306,7 +306,19 @@ def test_a_lean_copy_has_no_optional_part_and_passes_its_lint_layering_and_tests
         assert checked.returncode == 0, (command, checked.stdout[-3000:])
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
-         "tests/test_readme.py", "tests/test_docs.py", "tests/test_layers.py"],
+         "tests/test_readme.py", "tests/test_docs.py", "tests/test_layers.py",
+         "tests/test_config.py", "tests/test_model.py"],
         cwd=copy, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert tests.returncode == 0, tests.stdout[-3000:]
+
+    # An update keeps it lean: the template's change comes in, the left-out files stay out,
+    # and lean_copy.py's edits merge as the copy's own.
+    edit(template / "README.md", "- **Reproducible**:", "- **Reproducible (v2)**:")
+    (template / "sweep.py").write_text((template / "sweep.py").read_text() + "# v2\n")
+    git("commit", "-q", "-am", "the template, v2", cwd=template)
+    result = new_project_py(template, "--update", str(copy))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Reproducible (v2)" in (copy / "README.md").read_text()
+    assert not (copy / "sweep.py").exists()
+    assert not mentions(copy, git("ls-files", cwd=copy).split(), {})
