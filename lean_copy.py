@@ -3,9 +3,11 @@ leaves out the optional parts' files; this module then takes out of the kept fil
 them, so that the copy has no dead import, no test of a missing part, and no page pointing at a
 missing file. Not copied itself (copier.yml).
 
-Two kinds of change, each checked to apply (tests/test_new_project.py runs them on the template):
-- generic, in Python files: an import of a left-out module goes, with the names it brought from
-  `__all__`; in tests/, so does a top-level test function that names a left-out file or module;
+Two kinds of change (tests/test_new_project.py runs them on the template's files):
+- generic: in Python files, an import of a left-out module goes, with the names it brought into
+  `__all__`; in tests/, a top-level function that names a left-out file or module goes, and so
+  do the imports only such functions used; in Markdown, a "Worked example" section that names a
+  left-out part goes;
 - EDITS, by hand, for prose and settings: (file, old text, new text), `old` exactly once; (file,
   a compiled pattern, replacement), matching at least once; or (file, heading, None) to drop a
   Markdown section (the heading and everything down to the next heading of its level or above).
@@ -154,7 +156,10 @@ def without_unused_imports(text: str) -> str:
             continue
         kept = [a for a in node.names if (a.asname or a.name).split(".")[0] in used]
         if not kept:
-            del lines[node.lineno - 1]
+            index = node.lineno - 1
+            del lines[index]
+            if 0 < index < len(lines) and not lines[index - 1].strip() and not lines[index].strip():
+                del lines[index]  # the blank line that closed a group now empty
         elif len(kept) < len(node.names):
             names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in kept)
             lines[node.lineno - 1] = f"from {node.module} import {names}\n"
@@ -173,7 +178,7 @@ def section(lines: list[str], heading: str) -> tuple[int, int]:
     while end < len(lines):
         fenced ^= lines[end].startswith("```")
         marks = len(lines[end]) - len(lines[end].lstrip("#"))
-        if not fenced and 0 < marks <= level and lines[end][marks] == " ":
+        if not fenced and 0 < marks <= level and lines[end][marks : marks + 1] == " ":
             break
         end += 1
     return start, end

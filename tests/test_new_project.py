@@ -268,6 +268,26 @@ def test_a_lean_copys_edits_apply_to_the_template_and_leave_no_mention_of_what_i
     )
 
 
+def test_a_lean_copy_drops_the_tests_and_worked_examples_of_a_left_out_part():
+    import lean_copy
+
+    patterns = ["sweep.py", "benchmarks", "data_loader/tasks"]
+    named = lean_copy.mention(patterns, lean_copy.left_out_modules(patterns))
+    tests = (
+        "import os\nimport subprocess\n\nfrom conftest import ROOT\n\n\n"
+        "def test_kept():\n    assert os.sep\n\n\n"
+        "@pytest.mark.slow\ndef test_the_benchmark():\n    subprocess.run(['bash', 'benchmarks/x.sh'])\n\n\n"
+        "def test_the_sweep():\n    assert (ROOT / 'sweep.py').is_file()\n"
+    )  # fmt: skip
+    assert lean_copy.without_tests_of(tests, named) == (
+        "import os\n\n\ndef test_kept():\n    assert os.sep\n"
+    )
+    page = "# Extending\n\n## Worked example: rows\n\nkept\n\n## Worked example: sequences\n\n`configs/x.json`, `data_loader/tasks/sequences.py`\n\n```\n# not a heading\n```\n\n## After\n"  # fmt: skip
+    assert lean_copy.without_examples_of(page, named) == (
+        "# Extending\n\n## Worked example: rows\n\nkept\n\n## After\n"
+    )
+
+
 def test_a_lean_edit_that_no_longer_applies_refuses_the_copy_before_it_starts(
     tmp_path, monkeypatch
 ):
