@@ -6,6 +6,7 @@ samplers, the loaders, and the checks and summary of the data before training.""
 
 import abc
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from utils.config.config_checks import SAMPLERS
 from utils.data import splits as data_splits
+from utils.data import targets as data_targets
 from utils.data.batches import Loader
 from utils.data.sampler import EpochSampler, TransformedDataset
 from utils.util import ConfigValueError, DataError
@@ -33,6 +35,8 @@ class BaseDataLoader(abc.ABC):
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     preset: str | None = None  # transform()'s transforms.py preset: predict.py rebuilds it
+    # A target value that is no class (e.g. 255: unlabelled pixels); None: every value is one.
+    ignore_index: int | None = None
 
     def __init__(
         self,
@@ -72,7 +76,7 @@ class BaseDataLoader(abc.ABC):
         self.rank, self.num_replicas = rank, num_replicas
         self.device = torch.device(device)  # the training device: device-side pipelines use it
         self._loaded: dict[str, Dataset] = {}
-        self._labels: dict[str, np.ndarray] = {}
+        self._target_classes: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # utils/data/targets
 
     def prepare_data(self) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Fetch what is missing (e.g. download it). train.py calls it on one process per node
@@ -85,6 +89,21 @@ class BaseDataLoader(abc.ABC):
     @abc.abstractmethod
     def transform(self, augment: bool) -> Callable:
         """Image -> normalised CHW float tensor; with augmentation for training."""
+
+    def pair_transform(self, augment: bool) -> Callable[[Any, Any], tuple[Any, Any]] | None:
+        """(input, target) -> both transformed together (e.g. one flip of an image and its mask),
+        drawing from the generator TransformedDataset seeds per sample: a function of (seed,
+        epoch, index), resume-exact. Default None: transform(augment) of the input alone."""
+        return None
+
+    def target_classes(self, target: Any) -> np.ndarray:
+        """The class indices one target holds, 1-D int64: [label] for a label, every element of
+        an integer tensor or image (a mask), ignore_index left out. Override it for other targets
+        (e.g. `return np.asarray(target["labels"])` for dicts of boxes)."""
+        values = np.asarray(target).reshape(-1)
+        if values.dtype.kind not in "iub":
+            raise TypeError(f"{values.dtype} values")
+        return values[values != self.ignore_index] if self.ignore_index is not None else values
 
     @abc.abstractmethod
     def class_names(self) -> list[str]:
@@ -105,22 +124,9 @@ class BaseDataLoader(abc.ABC):
         return self._loaded[split]
 
     def labels(self, split: str) -> np.ndarray:
-        """The class label of every sample of `split`: the dataset's `targets` (torchvision's
-        name) when it has them, else read by loading every sample once. Only what needs classes
-        calls it: the weighted sampler, the folds, the class counts and the label check."""
-        if split not in self._labels:
-            dataset = self.dataset(split)
-            targets = getattr(dataset, "targets", None)
-            if targets is None:
-                targets = [label for _, label in dataset]
-            try:
-                self._labels[split] = np.asarray(targets, dtype=np.int64)
-            except (TypeError, ValueError):
-                raise DataError(
-                    f"{self.location(split)}: its targets are not class labels, which the "
-                    "weighted sampler and k-fold splits need"
-                ) from None
-        return self._labels[split]
+        """(N,) the one class label of each sample of `split` (target_classes of its target), for
+        the weighted sampler and the folds; other targets (masks, boxes) are refused in one line."""
+        return data_targets.sample_labels(self, split)
 
     def training_samples(self, limit: int | None = None, *, transformed: bool = False) -> list:
         """The pairs of the training share, never validation data: what a model's fit_data fits
@@ -158,9 +164,9 @@ class BaseDataLoader(abc.ABC):
                 f"data_loader.args.fold: not set; choose which of the {self.folds} folds "
                 "validates, e.g. --set data_loader.args.fold=0"
             )
-        # Data without classes (a regression) is dealt out in the seeded order alone.
-        num_train = len(self.dataset("train"))
-        labels = self.labels("train") if self.class_names() else np.zeros(num_train, np.int64)
+        # Data without classes (regression) or one per sample (masks): dealt in seeded order alone.
+        stratified = self.class_names() and data_targets.has_sample_labels(self, "train")
+        labels = self.labels("train") if stratified else np.zeros(len(self.dataset("train")), int)
         if len(labels) < self.folds:
             raise DataError(
                 f"data_loader.args.folds: {self.folds} folds need at least {self.folds} training "
@@ -227,7 +233,8 @@ class BaseDataLoader(abc.ABC):
     def view(self, split: str, augment: bool) -> Dataset:
         """What the loaders of `split` read: (transformed input, target) pairs. Override it for
         other pairs, e.g. (noisy image, clean image) for denoising."""
-        return TransformedDataset(self.dataset(split), self.transform(augment))
+        pair = self.pair_transform(augment)
+        return TransformedDataset(self.dataset(split), self.transform(augment), pair)
 
     def train_loader(self, *, drop_last: bool = False) -> Loader:
         """The training loader of this rank. drop_last: leave out the short last batch of each
@@ -287,14 +294,7 @@ class BaseDataLoader(abc.ABC):
         )
 
     def check(self, num_classes: int | None) -> None:
-        """Refuse training labels outside the model's `num_classes` outputs (None: unknown)."""
-        if num_classes is None:
-            return
-        labels = self.labels("train")
-        num_data_classes = max(len(self.class_names()), int(labels.max(initial=-1)) + 1)
-        if num_data_classes > num_classes:
-            raise DataError(
-                f"{self.location('train')}: {num_data_classes} classes, but arch.args.num_classes "
-                f"is {num_classes}: labels {num_classes} to {num_data_classes - 1} are outside "
-                f"the model's outputs; set arch.args.num_classes to {num_data_classes}"
-            )
+        """Refuse training targets with classes outside the model's `num_classes` outputs (None:
+        unknown), read through target_classes (labels, or every element of a mask)."""
+        if num_classes is not None:
+            data_targets.check_classes(self, num_classes)
