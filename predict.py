@@ -1,8 +1,10 @@
 """Predict with a checkpoint alone (no config file, no training data): the classes of images,
-or for other data the outputs of each row its loader reads (e.g. CSV files for tabular data).
+or for other data the outputs of each row its loader reads (e.g. CSV files for tabular data),
+or the rows (and files, in --out-dir) of the loader's prediction_rows (e.g. mask PNGs).
 
 python predict.py -r saved/models/<name>/<run_id>/model_best.pth photos/ cat.jpg 'more/*.png'
 python predict.py -r saved/models/Diabetes_MLP/<run_id>/model_best.pth new_patients.csv
+python predict.py -r saved/models/Segment_Shapes/<run_id>/model_best.pth images/ --out-dir masks
 """
 
 import argparse

@@ -84,16 +84,18 @@ def test_image_and_mask_flip_together_as_a_function_of_the_sample_seed(tmp_path,
     assert view[SeededIndex(0, 1)][1].dtype == torch.int64
 
 
-def test_the_epoch_sampler_gives_the_same_pairs_for_the_same_epoch(tmp_path):
-    data = SegmentationDataLoader(str(tiny_data(tmp_path / "data")), batch_size=4, seed=3)
+def test_an_epoch_gives_the_same_pairs_again_and_in_worker_processes(tmp_path):
+    root = str(tiny_data(tmp_path / "data"))
 
-    def epoch(number: int) -> list[torch.Tensor]:
+    def epoch(number: int, num_workers: int = 0) -> list[torch.Tensor]:
+        data = SegmentationDataLoader(root, batch_size=4, seed=3, num_workers=num_workers)
         loader = data.train_loader()
         loader.sampler.set_epoch(number)
-        return [mask for _, mask in loader]
+        return [torch.cat([image.flatten(), mask.flatten()]) for image, mask in loader]
 
-    first, again, other = epoch(1), epoch(1), epoch(2)
-    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    first, other = epoch(1), epoch(2)
+    for again in (epoch(1), epoch(1, num_workers=2)):
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
 
 
@@ -235,9 +237,9 @@ def mean_iou(counts: np.ndarray) -> float:
 
 @pytest.mark.slow
 def test_the_unet_beats_the_always_background_baseline(tmp_path):
-    root = write_segmentation(tmp_path / "data", sizes={"train": 128, "val": 32, "test": 64})
-    config = segmentation_config(tmp_path, root, epochs=15)
-    overrides = {"optimizer.args.lr": 0.005, "arch.args.widths": [16, 32, 64]}
+    root = write_segmentation(tmp_path / "data", sizes={"train": 256, "val": 32, "test": 64})
+    config = segmentation_config(tmp_path, root, epochs=20)
+    overrides = {"arch.args.widths": [16, 32, 64]}  # the shipped U-Net
     flags = [
         item for key, value in overrides.items() for item in ("--set", f"{key}={json.dumps(value)}")
     ]
@@ -265,8 +267,8 @@ def test_the_unet_beats_the_always_background_baseline(tmp_path):
     )
     # predict.py's masks are the ones test.py scored: the same pixel accuracy.
     assert np.trace(counts) / counts.sum() == pytest.approx(pixel_accuracy, abs=1e-6)
-    assert pixel_accuracy > background + 0.05
-    assert mean_iou(counts) > mean_iou(baseline_counts) + 0.25
+    assert pixel_accuracy > background + 0.1  # about 0.80 -> above 0.90
+    assert mean_iou(counts) > mean_iou(baseline_counts) + 0.5  # about 0.20 -> above 0.70
 
 
 @pytest.mark.slow
@@ -284,7 +286,8 @@ def test_a_run_stopped_mid_epoch_resumes_bit_exact(tmp_path, stop_at):
     )
     for key, value in straight["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
-    assert resumed["metrics"] == straight["metrics"]
+    measured = {key: value for key, value in straight["metrics"].items() if "time/" not in key}
+    assert measured and all(resumed["metrics"][key] == value for key, value in measured.items())
 
 
 @pytest.mark.slow

@@ -106,18 +106,7 @@ class SegmentationDataLoader(BaseDataLoader):
 
     def pair_transform(self, augment: bool) -> Callable[[Any, Any], tuple[Any, Any]] | None:
         """Training: (image, mask) flipped together, from the per-sample seeded generator."""
-        if not (augment and self.flip):
-            return None
-        # v2 transforms move a tv_tensors.Mask with the image; ToDtype and Normalize, given a
-        # single dtype, touch the image alone, so the mask keeps its class indices.
-        flips = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip()])
-        normalise = image_transform()
-
-        def transform(image: Image.Image, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            image, mask = flips(image, tv_tensors.Mask(mask))
-            return normalise(image), mask.as_subclass(torch.Tensor)  # (3, H, W), (H, W)
-
-        return transform
+        return JointFlips() if augment and self.flip else None
 
     def class_names(self) -> list[str]:
         if self.names is not None:
@@ -192,6 +181,22 @@ class SegmentationDataLoader(BaseDataLoader):
             )
             rows.append(row)
         return rows
+
+
+class JointFlips:
+    """(PIL image, mask (H, W)) -> (normalised (3, H, W), mask (H, W)), both flipped the same way,
+    horizontally and vertically, each with probability 1/2 from torch's CPU generator. A class,
+    not a closure: worker processes started by spawn receive it pickled."""
+
+    def __init__(self) -> None:
+        # v2 transforms move a tv_tensors.Mask with the image; ToDtype and Normalize, given a
+        # single dtype, touch the image alone, so the mask keeps its class indices.
+        self.flips = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip()])
+        self.normalise = image_transform()
+
+    def __call__(self, image: Image.Image, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        image, mask = self.flips(image, tv_tensors.Mask(mask))
+        return self.normalise(image), mask.as_subclass(torch.Tensor)
 
 
 def image_transform() -> Callable:
