@@ -35,8 +35,7 @@ class BaseDataLoader(abc.ABC):
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     preset: str | None = None  # transform()'s transforms.py preset: predict.py rebuilds it
-    # A target value that is no class (e.g. 255: unlabelled pixels); None: every value is one.
-    ignore_index: int | None = None
+    ignore_index: int | None = None  # a target value that is no class, e.g. 255: unlabelled
 
     def __init__(
         self,
@@ -101,9 +100,10 @@ class BaseDataLoader(abc.ABC):
         an integer tensor or image (a mask), ignore_index left out. Override it for other targets
         (e.g. `return np.asarray(target["labels"])` for dicts of boxes)."""
         values = np.asarray(target).reshape(-1)
-        if values.dtype.kind not in "iub":
+        if values.dtype.kind not in "iu":
             raise TypeError(f"{values.dtype} values")
-        return values[values != self.ignore_index] if self.ignore_index is not None else values
+        keep = values != self.ignore_index if self.ignore_index is not None else slice(None)
+        return values[keep].astype(np.int64, copy=False)
 
     @abc.abstractmethod
     def class_names(self) -> list[str]:

@@ -99,6 +99,31 @@ def test_an_epoch_gives_the_same_pairs_again_and_in_worker_processes(tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
 
 
+# --- the hooks' defaults, as BaseDataLoader defines them ----------------------------------------
+
+
+def test_target_classes_default_reads_labels_and_integer_tensors_and_refuses_floats(tmp_path):
+    data = SegmentationDataLoader(str(tiny_data(tmp_path / "data")), batch_size=4, seed=0)
+    assert data.target_classes(3).tolist() == [3]
+    assert data.target_classes(torch.tensor(2)).tolist() == [2]
+    mask = torch.tensor([[0, 1], [255, 2]])
+    assert data.target_classes(mask).tolist() == [0, 1, 255, 2]
+    data.ignore_index = 255
+    assert data.target_classes(mask).tolist() == [0, 1, 2]
+    with pytest.raises(TypeError, match="float32"):
+        data.target_classes(torch.zeros(2, 2))
+
+
+def test_without_a_pair_transform_the_view_transforms_the_input_alone(tmp_path):
+    data = SegmentationDataLoader(
+        str(tiny_data(tmp_path / "data")), batch_size=4, seed=0, flip=False
+    )
+    assert data.pair_transform(augment=True) is None
+    image, mask = data.view("train", augment=True)[SeededIndex(1, 7)]
+    raw_image, raw_mask = data.dataset("train")[1]
+    assert torch.equal(image, image_transform()(raw_image)) and torch.equal(mask, raw_mask)
+
+
 # --- per-pixel targets: class counts, label check, samplers, folds ------------------------------
 
 
