@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         out = output_path(args.out, args.force)  # refused before the work, not after it
-        rows, num_inputs = predict(args)
+        rows, num_inputs, flat = predict(args)
         if out is not None:
             try:
-                write_text_atomic(out, format_rows(rows, out.suffix.lower(), flat=args.flat))
+                write_text_atomic(out, format_rows(rows, out.suffix.lower(), flat=flat))
             except OSError as error:
                 raise UserError(f"--out {out}: cannot write ({error.strerror})") from None
     except UserError as error:
@@ -73,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def predict(args: argparse.Namespace) -> tuple[list[dict], int]:
-    """(one row per prediction, the number of inputs): images, or the rows the checkpoint's
-    data loader reads from each input (its classmethod read_inputs)."""
+def predict(args: argparse.Namespace) -> tuple[list[dict], int, bool]:
+    """(one row per prediction, the number of inputs, whether the rows are the loader's own
+    flat rows): images, or the rows the checkpoint's data loader reads from each input (its
+    classmethod read_inputs); through its classmethod prediction_rows when it has one."""
     import data_loader.data_loaders as data_module
     from build import load_inference_model, weights_note
     from utils.evaluation.predictions import image_paths, output_folder
@@ -86,28 +87,35 @@ def predict(args: argparse.Namespace) -> tuple[list[dict], int]:
     section = config["data_loader"]
     loader_class = config.lookup(data_module, section["type"], "data_loader.type")
     # A loader's own rows (prediction_rows): printed and written as they come, flat.
-    args.flat = hasattr(loader_class, "prediction_rows")
-    args.out_dir = output_folder(args.out_dir, args.flat)
+    flat = hasattr(loader_class, "prediction_rows")
+    out_dir = output_folder(args.out_dir, flat)
     if hasattr(loader_class, "read_inputs"):
-        return predict_rows(args, model, config, state, loader_class), len(args.inputs)
+        rows = predict_rows(args, model, config, state, loader_class, out_dir)
+        return rows, len(args.inputs), flat
     paths = image_paths(args.inputs)
-    if args.flat:  # images through the run's evaluation transform, then the loader's rows
+    if flat:  # images through the run's evaluation transform, then the loader's rows
         from build import input_transform
         from data_loader.data_loaders import load_image
 
         inputs = [input_transform(config)(load_image(str(path))) for path in paths]
         names = [str(path) for path in paths]
-        return hooked_rows(args, model, state, loader_class, names, inputs), len(paths)
-    return predict_images(args, paths, model, config, state), len(paths)
+        rows = hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)
+        return rows, len(paths), flat
+    return predict_images(args, paths, model, config, state), len(paths), flat
 
 
 def predict_rows(
-    args: argparse.Namespace, model: object, config: object, state: dict, loader_class: type
+    args: argparse.Namespace,
+    model: object,
+    config: object,
+    state: dict,
+    loader_class: type,
+    out_dir: Path | None,
 ) -> list[dict]:
     """The rows loader_class.read_inputs reads from each input, through the model: the rows of
-    its prediction_rows when it has one, else a classifier's top-k classes, else the output
-    values of each row. read_inputs gives a batch (N, ...) or a list of inputs of any shapes
-    (images of several sizes), which go through the model in batches of one shape."""
+    its prediction_rows when it has one (then read_inputs may give a list of inputs of any
+    shapes, e.g. images of several sizes), else a classifier's top-k classes, else the output
+    values of each row."""
     import torch
 
     from utils import UserError
@@ -116,13 +124,15 @@ def predict_rows(
     rows: list[dict] = []
     # The training data's input columns, which the inputs are read by (None: an older checkpoint).
     columns = state.get("feature_names")
-    if columns is None and not args.flat:
+    flat = hasattr(loader_class, "prediction_rows")
+    if columns is None and not flat:
         note = "no feature names (an older checkpoint): columns are read by position"
         print(f"warning: {args.resume}: {note}", file=sys.stderr)
     for text in args.inputs:
         names, inputs = loader_class.read_inputs(Path(text), config["data_loader"]["args"], columns)
-        if args.flat:
-            rows += hooked_rows(args, model, state, loader_class, names, list(inputs))
+        if flat:
+            inputs = list(inputs)
+            rows += hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)
             continue
         with torch.inference_mode():
             outputs = torch.cat(
@@ -218,15 +228,16 @@ def predict_images(
 
 
 def hooked_rows(
-    args: argparse.Namespace,
     model: object,
     state: dict,
     loader_class: type,
     names: list[str],
     inputs: list,
+    batch_size: int,
+    out_dir: Path | None,
 ) -> list[dict]:
-    """loader_class.prediction_rows of `inputs` (each (C, ...)), batched by runs of one shape
-    (at most --batch-size), the model's raw outputs on the CPU; each row printed."""
+    """loader_class.prediction_rows of `inputs` (each (C, ...)) with the model's raw outputs on
+    the CPU, in batches of consecutive inputs of one shape (at most batch_size); each row printed."""
     import torch
 
     rows: list[dict] = []
@@ -235,7 +246,7 @@ def hooked_rows(
         end = start + 1  # the run of inputs of the first one's shape, up to a batch
         while (
             end < len(inputs)
-            and end - start < args.batch_size
+            and end - start < batch_size
             and inputs[end].shape == inputs[start].shape
         ):
             end += 1
@@ -245,7 +256,7 @@ def hooked_rows(
             names[start:end],
             outputs.float(),
             class_names=list(state.get("class_names") or []),
-            out_dir=args.out_dir,
+            out_dir=out_dir,
         )
         for row in batch_rows:
             print("  ".join(str(value) for value in row.values()))

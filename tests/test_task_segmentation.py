@@ -210,6 +210,13 @@ def test_predict_writes_a_mask_png_per_image_of_any_size(checkpoint, tmp_path):
         assert mask.shape == (size, size + 8) and mask.max() < NUM_CLASSES
         shares = [float(value) for value in row.split(",")[2:]]
         assert sum(shares) == pytest.approx(1, abs=1e-3)
+    as_json = tmp_path / "rows.json"
+    assert (
+        run_main("predict.py", *args[:2], str(inputs / "b.png"), "--out", str(as_json)).returncode
+        == 0
+    )
+    (row,) = json.loads(as_json.read_text())  # without --out-dir: no mask file
+    assert list(row)[:2] == ["path", "share_background"] and "mask" not in row
     # An --out-dir that is a file is refused in one line, before any work.
     refused = run_main("predict.py", "-r", str(checkpoint), str(inputs), "--out-dir", str(out))
     assert (
