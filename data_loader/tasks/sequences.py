@@ -211,3 +211,11 @@ def write_sequences(
             tokens = split_rng.permutation(np.concatenate([markers, noise]))
             lines.append(json.dumps({"tokens": tokens.tolist(), "label": names[label]}))
         (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":  # python -m data_loader.tasks.sequences [FOLDER]
+    import sys
+
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "data/sequences")
+    write_sequences(target)
+    print(f"Wrote {', '.join(SPLIT_FILES.values())} in {target}")
