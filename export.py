@@ -3,9 +3,11 @@
 python export.py -r saved/models/<name>/<run_id>/model_best.pth --format export --out model.pt2
 
 Formats: torch.export (.pt2, recommended), TorchScript, ONNX (needs the onnx and onnxscript
-packages). The batch dimension stays dynamic. The file is written to a temporary name, loaded
-back and run on inputs made by the run's evaluation transform; only when its logits match the
-eager model's to within TOLERANCE does it take the name --out.
+packages). The batch dimension stays dynamic, and so do those the data loader declares
+(dynamic_dims). The file is written to a temporary name, loaded back and run on inputs made by
+the run's evaluation transform (or the loader's example_inputs), also cut and repeated along
+each dynamic dim; only when its logits match the eager model's to within TOLERANCE on all of
+them does it take the name --out.
 """
 
 import argparse
@@ -105,8 +107,7 @@ class Signature(NamedTuple):
 
     def dynamic_shapes(self) -> tuple[dict]:
         """torch.export's dynamic_shapes of the one input: the batch, and each declared dim as
-        Dim.AUTO, which lets torch.export find what the model needs of it (e.g. a multiple of
-        16 for a U-Net's height) instead of refusing a plain range."""
+        Dim.AUTO, which finds what the model needs of it (a U-Net's multiple of 16)."""
         import torch
 
         dims = {dim: torch.export.Dim.AUTO for dim in self.dynamic_dims}
@@ -117,23 +118,14 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     import torch
 
     from build import example_inputs, export_signature, load_inference_model, weights_note
-    from utils import UserError
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which
         print(f"{args.resume}: {weights_note(state)}")
-    try:
-        signature = Signature(*export_signature(config))
-    except ValueError as error:  # ConfigValueError: a loader's declarations
-        raise UserError(f"{args.resume}: {error}") from None
+    signature = Signature(*export_signature(config))  # the loader's; refused in one line
     # Inputs of the exact shape and value range the model sees, on the CPU: random images
     # through the run's evaluation transform, or what the data loader says (example_inputs).
     inputs = example_inputs(config, model, args.batch_size)
-    if any(dim >= inputs.dim() for dim in signature.dynamic_dims):
-        raise UserError(
-            f"{args.resume}: the data loader's dynamic_dims {signature.dynamic_dims} name dims "
-            f"that its example inputs {tuple(inputs.shape)} do not have"
-        )
     # The batch of the export, batch 1 (the batch dimension must be dynamic), and inputs of
     # other sizes along each dynamic dim, which the export never saw: (what, inputs).
     checks = [(f"batch {len(inputs)}", inputs), ("batch 1", inputs[:1])]
@@ -152,13 +144,11 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
                     found = run_file(batch)
             except Exception as error:  # e.g. torch.export's guard on a size it fixed
                 raise ParityError(
-                    f"{args.format}: the exported model fails on inputs {tuple(batch.shape)} "
-                    f"({what}; exported with {tuple(inputs.shape)}): "
-                    f"{str(error).strip().splitlines()[0]}; {out} not written"
+                    f"{args.format}: the exported model fails on {what} {tuple(batch.shape)} "
+                    f"({str(error).strip().splitlines()[0]}); {out} not written"
                 ) from None
             difference = max(difference, (found - logits).abs().max().item())
-        # The logits' own size says what the difference is small against.
-        scale = expected[0].abs().max().item()
+        scale = expected[0].abs().max().item()  # what the difference is small against
         print(
             f"{args.format}: max |logit difference| vs the eager model: {difference:.3g} "
             f"(largest |logit| {scale:.3g}; {', '.join(what for what, _ in checks)})"
@@ -187,6 +177,10 @@ def resized(
 
     found = []
     for dim, name in dynamic_dims.items():
+        if dim >= inputs.dim():
+            raise UserError(
+                f"dynamic dim {dim} ({name!r}): the inputs {tuple(inputs.shape)} lack it"
+            )
         size = inputs.shape[dim]
         candidates = [inputs.narrow(dim, 0, size // 2)] if size >= 2 else []
         candidates.append(torch.cat([inputs, inputs], dim=dim))
@@ -222,9 +216,8 @@ def export_program(
 
 @contextlib.contextmanager
 def torch_notes_hidden() -> Iterator[None]:
-    """Without the notes torch prints, to the developers of torch, while it exports an nn.GRU
-    or nn.LSTM and runs the result: about its own deprecated _check_is_size, the RNN's
-    _flat_weights and a symbol of the while_loop. The parity check judges the file."""
+    """Without the notes for torch's developers that exporting an nn.GRU or nn.LSTM prints (its
+    _check_is_size, _flat_weights, a while_loop symbol): the parity check judges the file."""
     import logging
     import warnings
 
@@ -245,17 +238,14 @@ def rnn_loops(dynamic: bool) -> Iterator[None]:
     """With dims besides the batch dynamic: torch.export's own while_loop decompositions of
     nn.GRU and nn.LSTM, which keep a sequence's length dynamic (the default one unrolls the
     steps, fixing it); torch.onnx.export uses the same ones. A no-op on a torch without them."""
-    try:
-        from torch.export._patches import (
-            register_gru_while_loop_decomposition,
-            register_lstm_while_loop_decomposition,
-        )
-    except ImportError:
-        dynamic = False
-    if not dynamic:
-        yield
-        return
-    with register_gru_while_loop_decomposition(), register_lstm_while_loop_decomposition():
+    with contextlib.ExitStack() as stack:
+        try:
+            from torch.export import _patches
+        except ImportError:  # an older torch: the default decompositions
+            dynamic = False
+        if dynamic:
+            stack.enter_context(_patches.register_gru_while_loop_decomposition())
+            stack.enter_context(_patches.register_lstm_while_loop_decomposition())
         yield
 
 

@@ -6,6 +6,7 @@ The fast tests check the hooks, the padding invariance, the bad inputs and a tin
 end in this process; the slow ones measure the figures: test accuracy against the majority
 class, 1 against 2 processes, a mid-epoch resume, and exports run on lengths they never saw."""
 
+import contextlib
 import json
 import os
 import re
@@ -200,6 +201,44 @@ def test_the_exported_model_runs_on_lengths_it_never_saw(tmp_path, format_name):
             differences.append((run_file(tokens) - model(tokens)).abs().max().item())
     print(f"{format_name}: max |logit difference| on lengths 3 and 45: {max(differences):.3g}")
     assert max(differences) <= export.TOLERANCE
+
+
+@pytest.fixture
+def untrained_checkpoint(tmp_path: Path) -> Path:
+    """configs/sequences.json's model, randomly initialised, saved as train.py saves it: all
+    export.py reads (its data folder does not exist)."""
+    config = json.loads((ROOT / "configs" / "sequences.json").read_text())
+    config["data_loader"]["args"]["data_dir"] = str(tmp_path / "nowhere")
+    torch.manual_seed(0)
+    model = GRUClassifier(**config["arch"]["args"])
+    path = tmp_path / "checkpoint-epoch1.pth"
+    torch.save({"model": model.state_dict(), "config": config, "epoch": 1}, path)
+    return path
+
+
+def test_an_export_that_fixes_the_length_fails_the_parity_check(
+    untrained_checkpoint, tmp_path, capsys, monkeypatch
+):
+    """Without the while_loop decomposition, torch.export unrolls the GRU over the 16 steps of
+    the example: the check on another length catches it, and nothing is written."""
+    monkeypatch.setattr(export, "rnn_loops", lambda dynamic: contextlib.nullcontext())
+    out = tmp_path / "model.pt2"
+    assert export.main(["-r", str(untrained_checkpoint), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: export: the exported model fails on length 8 (8, 8) (")
+    assert err.endswith(f"; {out} not written\n") and len(err.splitlines()) == 1
+    assert not out.exists() and sorted(path.name for path in tmp_path.iterdir()) == [
+        "checkpoint-epoch1.pth"
+    ]
+
+
+def test_a_bad_export_declaration_is_one_line(untrained_checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(SequenceDataLoader, "dynamic_dims", {0: "batch"})
+    assert export.main(["-r", str(untrained_checkpoint), "--out", str(tmp_path / "m.pt2")]) == 2
+    assert capsys.readouterr().err == (
+        "error: SequenceDataLoader.dynamic_dims: must map input dims > 0 (0 is the batch) to "
+        "names, e.g. {1: \"length\"}, got {0: 'batch'}\n"
+    )
 
 
 def _has_onnxruntime() -> bool:
