@@ -123,6 +123,18 @@ def test_a_label_outside_the_classes_names_its_file_and_line(tmp_path):
         loader(tmp_path).val_loader()
 
 
+def test_the_fingerprint_changes_when_a_sequence_does(tmp_path):
+    write_sequences(tmp_path, sizes={"train": 20, "val": 4})
+    before = loader(tmp_path).fingerprint()
+    lines = (tmp_path / "train.jsonl").read_text().splitlines()
+    record = json.loads(lines[3])
+    record["tokens"][0] += 1  # one token of one sequence, its label kept
+    lines[3] = json.dumps(record)
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    after = loader(tmp_path).fingerprint()
+    assert after["train"] != before["train"] and after["val"] == before["val"]
+
+
 # --- end to end ---------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 longest sequence; the model tells padding from tokens by that value. configs/sequences.json and
 docs/extending.md#worked-example-sequences use it with write_sequences' synthetic data."""
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -132,6 +133,15 @@ class SequenceDataLoader(BaseDataLoader):
             targets.append(index[label])
         sequences = [torch.tensor(tokens, dtype=torch.int64) for _, tokens, _ in records]
         return TokenSequences(sequences, targets)
+
+    def sample_ids(self, split: str) -> list[str]:
+        """A digest of each sequence's tokens and class, for fingerprint(): a resume refuses a
+        file whose sequences were edited, replaced or re-sorted since its checkpoint."""
+        dataset = self.dataset(split)
+        return [
+            hashlib.blake2b(f"{sequence.tolist()}:{label}".encode(), digest_size=8).hexdigest()
+            for sequence, label in zip(dataset.sequences, dataset.targets, strict=True)
+        ]
 
     def transform(self, augment: bool) -> Callable:
         return identity  # tokens are used as they are
