@@ -228,6 +228,30 @@ def example_inputs(config: ConfigParser, model: torch.nn.Module, batch_size: int
     return torch.stack([transform(image) for image in pixels])  # (B, C, H, W) float32
 
 
+def export_signature(config: ConfigParser) -> tuple[str, str, dict[int, str]]:
+    """(the exported file's input name, its output name, the input dims besides the batch that
+    may vary: {dim: name}) that the run's data loader class declares (input_names,
+    output_names, dynamic_dims; BaseDataLoader's defaults: "images", "logits", none)."""
+    section = config["data_loader"]
+    loader_class = config.lookup(data_module, section["type"], "data_loader.type")
+    names = {"input_names": loader_class.input_names, "output_names": loader_class.output_names}
+    for attribute, value in names.items():
+        if not (isinstance(value, tuple) and len(value) == 1 and str(value[0]).isidentifier()):
+            raise ConfigValueError(
+                f"{loader_class.__name__}.{attribute}: must be one name (a tuple of one "
+                f"identifier: the models here take one input and return one output), got {value!r}"
+            )
+    dims = dict(loader_class.dynamic_dims)
+    if not all(
+        type(dim) is int and dim > 0 and str(name).isidentifier() for dim, name in dims.items()
+    ):
+        raise ConfigValueError(
+            f"{loader_class.__name__}.dynamic_dims: must map input dims > 0 (0 is the batch) to "
+            f'names, e.g. {{1: "length"}}, got {dims!r}'
+        )
+    return names["input_names"][0], names["output_names"][0], dims
+
+
 def input_transform(config: ConfigParser) -> Callable:
     """Image (PIL or HWC uint8 array) -> the model's input (C, H, W), as the run evaluated it."""
     section = config["data_loader"]

@@ -6,7 +6,7 @@ samplers, the loaders, and the checks and summary of the data before training.""
 
 import abc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,12 +23,10 @@ from utils.util import ConfigValueError, DataError
 class BaseDataLoader(abc.ABC):
     """Builds the train, validation and test DataLoaders.
 
-    The validation data is, first that applies: fold `fold` of `folds` (k-fold cross-validation,
-    a stratified seeded share of the training split); a seeded validation_split share of the
-    training split (a fraction or a count); the data's own "val" split, if the subclass has one.
-    It is never augmented. `sampler` draws the training data (see EpochSampler and SAMPLERS);
-    shuffle=False is the older spelling of sampler "sequential".
-    """
+    The validation data (never augmented) is, first that applies: fold `fold` of `folds` (k-fold,
+    stratified, seeded); a seeded validation_split share of the training split (a fraction or a
+    count); the data's own "val" split. `sampler` draws the training data (EpochSampler,
+    SAMPLERS); shuffle=False is the older spelling of sampler "sequential"."""
 
     splits: tuple[str, ...] = ("train", "test")
     # The normalisation the transform applies; the TensorBoard image grid undoes it.
@@ -36,6 +34,10 @@ class BaseDataLoader(abc.ABC):
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     preset: str | None = None  # transform()'s transforms.py preset: predict.py rebuilds it
     ignore_index: int | None = None  # a target value that is no class, e.g. 255: unlabelled
+    # export.py: input/output names, and input dims besides the batch that vary ({1: "length"})
+    input_names: tuple[str, ...] = ("images",)
+    output_names: tuple[str, ...] = ("logits",)
+    dynamic_dims: ClassVar[dict[int, str]] = {}
 
     def __init__(
         self,
@@ -129,9 +131,8 @@ class BaseDataLoader(abc.ABC):
         return data_targets.sample_labels(self, split)
 
     def training_samples(self, limit: int | None = None, *, transformed: bool = False) -> list:
-        """The pairs of the training share, never validation data: what a model's fit_data fits
-        its statistics on. limit: a seeded random `limit` of them; transformed: as the model sees
-        them in evaluation (view(split, augment=False)), else untransformed."""
+        """The training share's pairs (what a model's fit_data fits on): a seeded random `limit`
+        of them; transformed: as view(split, augment=False) gives them, else untransformed."""
         indices, rng = self.split_indices()[0], np.random.default_rng([self.seed, 0xF17])
         if limit is not None and limit < len(indices):
             indices = rng.choice(indices, limit, replace=False)
@@ -144,10 +145,8 @@ class BaseDataLoader(abc.ABC):
         if self.folds:
             return self.fold_indices()
         num_samples = len(self.dataset("train"))
-        if isinstance(self.validation_split, float):
-            num_val = round(num_samples * self.validation_split)
-        else:
-            num_val = self.validation_split
+        share = self.validation_split  # a fraction of the samples, or a count
+        num_val = round(num_samples * share) if isinstance(share, float) else share
         if num_val >= num_samples:
             raise DataError(
                 f"data_loader.args.validation_split: {self.validation_split} leaves no training "
@@ -156,9 +155,8 @@ class BaseDataLoader(abc.ABC):
         return data_splits.holdout_split(num_samples, num_val, self.seed)
 
     def fold_indices(self) -> tuple[np.ndarray, np.ndarray]:
-        """(train, validation) indices of fold `fold` of `folds`: the training split dealt out
-        class by class, in a seeded order, to the folds in turn: disjoint, covering it, sizes and
-        each class's share within one sample (stratified)."""
+        """(train, validation) indices of fold `fold` of `folds`: the training split dealt out class
+        by class, seeded, to the folds in turn (stratified: sizes and class shares within one)."""
         if self.fold is None:
             raise DataError(
                 f"data_loader.args.fold: not set; choose which of the {self.folds} folds "
@@ -183,16 +181,13 @@ class BaseDataLoader(abc.ABC):
         return None
 
     def sample_ids(self, split: str) -> list[str] | None:
-        """What tells the samples of `split` apart, for fingerprint(): an image folder's file
-        names (relative to its root, with their labels), else its labels when the dataset has
-        `targets`, else None (then its size and the split's indices alone). Override it for data
-        whose files can change under the same count."""
+        """What tells the samples of `split` apart, for fingerprint(): an image folder's file names
+        (with labels), else the dataset's `targets`, else None (its size and indices alone)."""
         return data_splits.sample_ids(self.dataset(split))
 
     def fingerprint(self) -> dict:
-        """A cheap identity of the training and validation data: per split, its number of samples
-        and a digest of which samples it holds (their indices and sample_ids). A checkpoint keeps
-        it; a resume, or test.py --split val, on other data is refused (utils/state/resume.py)."""
+        """Per split, its size and a digest of its indices and sample_ids: a resume, or test.py
+        --split val, on other data than the checkpoint's is refused (utils/state/resume.py)."""
         digests = {}
         sources = {"train": ("train", self.split_indices()[0]), "val": self.validation_source()}
         for name, source in sources.items():
@@ -266,10 +261,15 @@ class BaseDataLoader(abc.ABC):
     def loader(
         self, split: str, sampler: EpochSampler, *, augment: bool, drop_last: bool = False
     ) -> Loader:
-        """The batches of `split` in `sampler`'s order, for train_loader and the evaluation loaders.
-        Another input pipeline overrides it (ImageDataLoader's "device" pipeline) with any
-        utils.data.batches.Loader: what the engine reads of a loader."""
-        return self.data_loader(self.view(split, augment), sampler, drop_last=drop_last)
+        """The batches of `split` in `sampler`'s order (train_loader, the evaluation loaders). Other
+        pipelines override it with any utils.data.batches.Loader (ImageDataLoader's "device")."""
+        dataset, collate_fn = self.view(split, augment), self.collate(split)
+        return self.data_loader(dataset, sampler, drop_last=drop_last, collate_fn=collate_fn)
+
+    def collate(self, split: str) -> Callable | None:
+        """The function that makes one batch of `split` from a list of view() samples, e.g. pads
+        sequences of unequal length (docs/data.md#batches). None: torch's default_collate."""
+        return None
 
     def data_loader(
         self,

@@ -20,6 +20,7 @@ from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import SyntheticShapes
 from data_loader.tabular import TabularDataLoader
 from data_loader.tasks.segmentation import SegmentationDataLoader
+from data_loader.tasks.sequences import SequenceDataLoader
 from data_loader.transforms import IMAGE_SIZES, PRESETS, STATS, augmentation_policy
 from utils import ConfigValueError, describe_error
 from utils.data.sampler import EpochSampler
@@ -33,6 +34,7 @@ __all__ = [
     "ImageFolderDataLoader",
     "NoisyShapesDataLoader",
     "SegmentationDataLoader",
+    "SequenceDataLoader",
     "SyntheticDataLoader",
     "TabularDataLoader",
 ]

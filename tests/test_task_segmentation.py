@@ -226,10 +226,6 @@ def test_predict_writes_a_mask_png_per_image_of_any_size(checkpoint, tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="export.py honours the loader's dynamic_dims once the sequences branch is in",
-)
 def test_the_exported_unet_runs_on_another_image_size(checkpoint, tmp_path):
     out = tmp_path / "unet.pt2"
     result = run_main("export.py", "-r", str(checkpoint), "--out", str(out))
