@@ -39,6 +39,11 @@ class StatefulMetric(abc.ABC):
     def compute(self, sums: list[float]) -> float:
         """The metric from the sums of every batch of every rank."""
 
+    def breakdown(self, sums: list[float]) -> dict[str, float]:
+        """Values beside the metric's own from the same sums, each logged as
+        <split>/<metric>/<key> (MeanIoU's per class: val/iou/cat); by default none."""
+        return {}
+
 
 def num_slots(metric: Any) -> int:
     """How many of the engine's sums a metric takes: its num_sums (StatefulMetric), none for an
@@ -182,14 +187,18 @@ class MetricSums:
 
 def to_metrics(totals: torch.Tensor, metrics: dict[str, Any], prefix: str) -> dict[str, float]:
     """Summed [loss, metric slots..., count] as the metrics: per-sample sums as sample-weighted
-    means, a StatefulMetric from its sums, an object with its own state from its compute()."""
+    means, a StatefulMetric from its sums (and its breakdown), an object with its own state from
+    its compute()."""
     values = totals.tolist()
     num_samples, offset = values[-1], 1
     result = {f"{prefix}/loss": values[0] / num_samples}
     for name, metric in metrics.items():
         size = num_slots(metric)
         if isinstance(metric, StatefulMetric):
-            result[f"{prefix}/{name}"] = metric.compute(values[offset : offset + size])
+            own = values[offset : offset + size]
+            result[f"{prefix}/{name}"] = metric.compute(own)
+            for key, value in metric.breakdown(own).items():
+                result[f"{prefix}/{name}/{key}"] = value
         elif size == 0:
             result[f"{prefix}/{name}"] = float(metric.compute())
             metric.reset()
