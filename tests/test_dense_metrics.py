@@ -7,7 +7,9 @@ import json
 import math
 
 import pytest
+import torch
 from conftest import checkpoint_dirs, run_main
+from test_distributed import run_torchrun
 
 from data_loader.synthetic import CLASS_NAMES
 from utils.config.load_config import validate
@@ -71,6 +73,28 @@ def test_one_metric_twice_with_other_args_trains_logs_and_tests_both(make_config
     assert shown == {
         name: "n/a" if math.isnan(value) else f"{value:.4f}" for name, value in values.items()
     }
+
+
+@pytest.mark.slow
+def test_two_processes_log_what_one_process_computes(make_config, tmp_path):
+    """A 2-process (gloo) run's validation, the counts summed over the ranks, equals test.py
+    --split val on its checkpoint in one process: the means and every per-class value."""
+    overrides = {"metrics": METRICS, "trainer.monitor": "max val/iou_no_0", "trainer.epochs": 1}
+    config = make_config(**overrides, **{"data_loader.args.num_train": 200})  # 40 to validate
+    command = ["--standalone", "--nproc_per_node=2", "train.py", "-c", str(config)]
+    trained = run_torchrun(*command, "--run-id", "ddp")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    checkpoint = tmp_path / "saved" / "models" / "Demo_CifarCNN" / "ddp" / "checkpoint-epoch1.pth"
+    logged = torch.load(checkpoint, weights_only=True)["metrics"]
+    results_path = tmp_path / "val.json"
+    tested = run_main("test", "-r", str(checkpoint), "--split", "val", "--json", str(results_path))
+    assert tested.returncode == 0, tested.stderr
+    one_process = json.loads(results_path.read_text())["metrics"]
+    keys = ["val/iou", "val/iou_no_0", "val/PixelAccuracy"]
+    keys += [f"val/iou/{name}" for name in CLASS_NAMES]
+    assert [logged[key] for key in keys] == pytest.approx(
+        [one_process[key] for key in keys], rel=1e-9, nan_ok=True
+    )
 
 
 def test_a_metric_config_naming_a_class_count_the_data_does_not_have_is_refused(
