@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import model.metric as metric_module
+from base import StatefulMetric
 from data_loader.data_loaders import NoisyShapesDataLoader
 from model.metric import (
     F1,
@@ -314,6 +315,34 @@ def test_mean_iou_of_a_small_mask_by_hand():
         {"val/loss": 0.0, "val/m": (2 / 3 + 1 / 3) / 2, "val/m/1": 2 / 3, "val/m/2": 1 / 3,
          "val/num_samples": 2.0}, rel=1e-12
     )  # fmt: skip
+
+
+class Share(StatefulMetric):
+    """A toy: the share of positive outputs, with (breakdown) the counts it came from."""
+
+    num_sums = 2
+
+    def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(output > 0).sum(), output.new_full((), output.numel())])
+
+    def compute(self, sums: list[float]) -> float:
+        return sums[0] / sums[1]
+
+
+class ShareAndCounts(Share):
+    def breakdown(self, sums: list[float]) -> dict[str, float]:
+        return {"positive": sums[0], "all": sums[1]}
+
+
+def test_a_stateful_metric_logs_its_breakdown_beside_its_value():
+    """StatefulMetric.breakdown: by default nothing; else each value as <split>/<metric>/<key>,
+    from the same summed counts as the metric's own value."""
+    output = torch.tensor([[1.0], [-1.0], [2.0], [0.5]])
+    split = {"order": [3, 2, 1, 0], "cuts": [1, 2], "num_ranks": 2}
+    plain = metrics_over(Share(), output, output, split)
+    assert plain == {"val/loss": 0.0, "val/m": 0.75, "val/num_samples": 4.0}
+    with_parts = metrics_over(ShareAndCounts(), output, output, split)
+    assert with_parts == {**plain, "val/m/positive": 3.0, "val/m/all": 4.0}
 
 
 @pytest.mark.parametrize(
