@@ -7,27 +7,27 @@ last batch does not count as much as a full one) and nothing syncs with the host
 
 A metric that is not a mean of per-sample scores (RMSE, R², F1, MeanIoU, PixelAccuracy) is a
 StatefulMetric: the sums it needs, and its value from the epoch's totals (exact over batches and
-ranks alike). A class
-with torchmetrics' update/compute/reset works too (pip install torchmetrics, then e.g.
-`from torchmetrics.classification import MulticlassAUROC` here and in __all__; its state is
-not in mid-epoch checkpoints).
+ranks alike). A class with torchmetrics' update/compute/reset works too (pip install
+torchmetrics, then e.g. `from torchmetrics.classification import MulticlassAUROC` here and in
+__all__; its state is not in mid-epoch checkpoints).
 
 Each one refuses in one line an output and a target that do not fit, rather than broadcast
-them: class scores (B, C, ...) against class indices (B, ...) for accuracy, top-k and F1 (a
-segmentation's logits (B, C, H, W) against its masks (B, H, W): every pixel counts), one shape
-for both otherwise. None reads a value back to the host or makes a tensor whose size depends
-on the data (a boolean mask's, bincount's), so a step never waits for the GPU.
+them: class scores (B, C, ...) against class indices (B, ...) for accuracy, top-k, F1, MeanIoU
+and PixelAccuracy (a segmentation's logits (B, C, H, W) against its masks (B, H, W): every
+pixel counts; the last three, counted per class, are in model/class_metrics.py), one shape for
+both otherwise. None reads a value back to the host or makes a tensor whose size depends on the
+data (a boolean mask's, bincount's), so a step never waits for the GPU.
 """
 
-import abc
 import fractions
 import math
 
 import torch
 
 from base import StatefulMetric
+from model.class_metrics import F1, MeanIoU, PixelAccuracy, check_class_scores, describe
 from utils.evaluation.metric_sums import sum_dtype
-from utils.util import ConfigValueError, DataError
+from utils.util import DataError
 
 __all__ = [
     "F1", "R2", "RMSE", "MeanIoU", "PixelAccuracy", "accuracy", "psnr", "top_5_acc", "top_k_acc"
@@ -131,117 +131,6 @@ class R2(StatefulMetric):
         return float(1 - squared_errors / spread) if spread > 0 else float("nan")
 
 
-class ClassCounts(StatefulMetric, abc.ABC):
-    """A classifier's metric from the split's counts per class (hits, predictions, targets), logits
-    (B, C, ...) against class indices (B, ...), such as a segmenter's (B, C, H, W) against masks
-    (B, H, W): every element counts once, whatever image it is in. Its value is the mean of the
-    per-class values over the classes that occur as targets or predictions. Elements whose target
-    is ignore_index are left out, and so is that class (a mask's "void" 255, or 0 to score the
-    foreground alone). With per_class, each class's value too, as <split>/<metric>/<class name>
-    (class_names: the data's, which build.py passes, else the class indices)."""
-
-    def __init__(
-        self,
-        num_classes: int,
-        ignore_index: int | None = None,
-        per_class: bool = False,
-        class_names: list[str] | None = None,
-    ) -> None:
-        if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
-            raise ConfigValueError(f"num_classes: must be an integer >= 1, got {num_classes!r}")
-        if not isinstance(ignore_index, int | None) or isinstance(ignore_index, bool):
-            raise ConfigValueError(
-                f"ignore_index: must be an integer or null, got {ignore_index!r}"
-            )
-        if class_names is not None and len(class_names) != num_classes:
-            raise ConfigValueError(
-                f"num_classes is {num_classes} but class_names (the data's unless args give them) "
-                f"has {len(class_names)}: {', '.join(map(str, class_names[:5]))}"
-            )
-        self.num_classes, self.ignore_index, self.per_class = num_classes, ignore_index, per_class
-        self.class_names = [str(name) for name in class_names or range(num_classes)]
-        self.num_sums = 3 * num_classes  # per class: hits, predictions, targets
-
-    def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        name = type(self).__name__
-        return class_counts(output, target, self.num_classes, name, self.ignore_index)
-
-    @abc.abstractmethod
-    def class_value(self, hits: float, predicted: float, actual: float) -> float:
-        """One class's value from its counts; nan where it is not defined."""
-
-    def class_values(self, sums: list[float]) -> dict[str, float]:
-        """{class name: value} of every scored class (all but ignore_index)."""
-        classes = self.num_classes
-        counts = zip(sums[:classes], sums[classes : 2 * classes], sums[2 * classes :], strict=True)
-        return {
-            name: self.class_value(*count)
-            for index, (name, count) in enumerate(zip(self.class_names, counts, strict=True))
-            if index != self.ignore_index
-        }
-
-    def compute(self, sums: list[float]) -> float:
-        scores = [value for value in self.class_values(sums).values() if not math.isnan(value)]
-        return sum(scores) / len(scores) if scores else float("nan")
-
-    def breakdown(self, sums: list[float]) -> dict[str, float]:
-        return self.class_values(sums) if self.per_class else {}
-
-
-class F1(ClassCounts):
-    """Macro F1: per class 2TP / (2TP + FP + FN), averaged over the classes that occur as targets
-    or predictions (scikit-learn's f1_score(average="macro") over every element)."""
-
-    def class_value(self, hits: float, predicted: float, actual: float) -> float:
-        return 2 * hits / (predicted + actual) if predicted + actual else float("nan")
-
-
-class MeanIoU(ClassCounts):
-    """Mean intersection over union: per class TP / (TP + FP + FN) over the whole split, averaged
-    over the classes present as targets or predictions (torchmetrics' MulticlassJaccardIndex(
-    average="macro"), with the same ignore_index)."""
-
-    def class_value(self, hits: float, predicted: float, actual: float) -> float:
-        union = predicted + actual - hits
-        return hits / union if union else float("nan")
-
-
-class PixelAccuracy(ClassCounts):
-    """The share of right elements (pixels) over the whole split, those whose target is
-    ignore_index left out (torchmetrics' MulticlassAccuracy(average="micro")); per class, the
-    share of its elements predicted right (its recall)."""
-
-    def class_value(self, hits: float, predicted: float, actual: float) -> float:
-        return hits / actual if actual else float("nan")
-
-    def compute(self, sums: list[float]) -> float:
-        classes = self.num_classes
-        total = sum(sums[2 * classes :])
-        return sum(sums[:classes]) / total if total else float("nan")
-
-
-def class_counts(
-    output: torch.Tensor,
-    target: torch.Tensor,
-    num_classes: int,
-    name: str,
-    ignore_index: int | None = None,
-) -> torch.Tensor:
-    """Per class [hits, predictions, targets], 3 num_classes int64 counts of logits (B, C, ...)
-    against class indices (B, ...), elements whose target is ignore_index left out."""
-    check_class_scores(output, target, name, num_classes)
-    predicted = output.argmax(dim=1).reshape(-1)  # (N,): every element's class
-    target = target.reshape(-1).long()
-    kept = torch.ones_like(target) if ignore_index is None else (target != ignore_index).long()
-    target = target * kept  # an ignored element adds 0 to class 0's slots: in range, not counted
-    # Counted into fixed slots with scatter_add_, as ConfusionMatrix does: a boolean mask's or
-    # bincount's size depends on the data, and reading it would wait for the GPU.
-    slots = torch.cat([predicted, num_classes + predicted, 2 * num_classes + target])
-    counts = torch.cat([(predicted == target).long() * kept, kept, kept])
-    sums = torch.zeros(3 * num_classes, dtype=torch.int64, device=output.device)
-    return sums.scatter_add_(0, slots, counts)
-
-
 def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(high, low) with values = high + low exactly, high rounded to 12 significant bits (Dekker's
     split); for float32 values held in float64, low has at most 12 bits too."""
@@ -258,24 +147,6 @@ def share_per_sample(hits: torch.Tensor) -> torch.Tensor:
     return hits.sum().to(sum_dtype(hits.device)) / math.prod(hits.shape[1:])
 
 
-def check_class_scores(
-    output: torch.Tensor, target: torch.Tensor, name: str, num_classes: int | None = None
-) -> None:
-    """Refuse what is not class scores (B, C, ...) against integer class indices (B, ...)."""
-    fits = (
-        output.dim() >= 2
-        and target.shape == output.shape[:1] + output.shape[2:]
-        and not target.is_floating_point()
-        and num_classes in (None, output.shape[1])
-    )
-    if not fits:
-        classes = "C" if num_classes is None else str(num_classes)
-        raise DataError(
-            f"{name}: needs class scores (B, {classes}, ...) and integer class indices "
-            f"(B, ...), got an output {describe(output)} and a target {describe(target)}"
-        )
-
-
 def check_same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> None:
     """Refuse an output and a target of other shapes: (B, 1) against (B,) would broadcast to
     (B, B) and compare every output with every target."""
@@ -285,8 +156,3 @@ def check_same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> N
             f" and {describe(target)}; give the target the output's shape (one value a "
             "sample: (B, 1), e.g. target.unsqueeze(1) in the dataset)"
         )
-
-
-def describe(tensor: torch.Tensor) -> str:
-    """ "(32, 1) float32": a tensor's shape and dtype, for messages."""
-    return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"

@@ -317,6 +317,27 @@ def test_mean_iou_of_a_small_mask_by_hand():
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("metric", [MeanIoU, PixelAccuracy, F1])
+def test_targets_that_are_no_class_are_refused_in_one_line_without_a_device_assert(metric):
+    """A void label 255 without ignore_index: counted (scatter_add_ with it would be an index
+    out of range, a device-side assert on a GPU) and refused when the split's value is read."""
+    logits = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    masks = torch.randint(3, (2, 4, 4), generator=torch.Generator().manual_seed(1))
+    masks[0, 0, :2], masks[1, 3, 3] = 255, -1
+    sums = MetricSums({"m": metric(3)}, torch.device("cpu"))
+    sums.add(StepOutput(loss=torch.zeros(()), output=logits, target=masks))
+    with pytest.raises(DataError) as error:
+        sums.result("val")
+    assert str(error.value) == (
+        f"{metric.__name__}: 3 targets were outside the classes 0..2; a label for unlabelled "
+        "pixels (e.g. 255) needs ignore_index, more classes need num_classes"
+    )
+    with pytest.raises(DataError, match=r": 1 targets were outside the classes 0..2 nor "):
+        value_over(metric(3, ignore_index=255), logits, masks)  # the -1 is still no class
+    masks[1, 3, 3] = 255
+    assert 0 <= value_over(metric(3, ignore_index=255), logits, masks) <= 1
+
+
 class Share(StatefulMetric):
     """A toy: the share of positive outputs, with (breakdown) the counts it came from."""
 
