@@ -32,7 +32,7 @@ from model.metric import (
 )
 from utils.evaluation.metric_sums import MetricSums, StepOutput, to_metrics
 from utils.evaluation.tta import AverageOverViews
-from utils.util import ConfigValueError, DataError
+from utils.util import ConfigValueError, DataError, UserError
 
 # Every metric model/metric.py ships, built as a config names it.
 SHIPPED = {
@@ -336,6 +336,20 @@ def test_targets_that_are_no_class_are_refused_in_one_line_without_a_device_asse
         value_over(metric(3, ignore_index=255), logits, masks)  # the -1 is still no class
     masks[1, 3, 3] = 255
     assert 0 <= value_over(metric(3, ignore_index=255), logits, masks) <= 1
+
+
+def test_a_mid_epoch_checkpoint_of_other_metrics_is_refused_in_one_line():
+    """Its sums (F1 of 3 classes: 9 counts, before the count of targets outside the classes)
+    cannot be added to those of the metrics now: one line, not a broadcast error."""
+    saved = {"totals": torch.zeros(11, dtype=torch.float64), "logged": torch.zeros(11)}
+    with pytest.raises(UserError) as error:
+        MetricSums({"F1": F1(3)}, torch.device("cpu"), saved)
+    assert str(error.value) == (
+        "the mid-epoch checkpoint kept 9 metric sums, the metrics configured now take 10: resume "
+        "with the metrics it was saved with, or from a checkpoint saved at the end of an epoch"
+    )
+    fitting = {"totals": torch.ones(12, dtype=torch.float64), "logged": torch.zeros(12)}
+    assert MetricSums({"F1": F1(3)}, torch.device("cpu"), fitting).totals.tolist() == [1.0] * 12
 
 
 class Share(StatefulMetric):

@@ -9,6 +9,7 @@ import torch
 
 from utils.distributed.device import capabilities
 from utils.distributed.process_group import all_reduce_max, all_reduce_sum
+from utils.util import UserError
 
 # A metric takes a step's output and target and returns the SUM of a per-sample score over the
 # batch, as a 0-d tensor on the batch's device (model/metric.py); or it is a StatefulMetric, or
@@ -104,6 +105,12 @@ class MetricSums:
         self.totals = torch.zeros(num_sums, dtype=self.dtype, device=device)
         self.error = None if self.dtype == torch.float64 else torch.zeros_like(self.totals)
         self.logged = [0.0] * len(self.totals)  # the sums at the last read_interval, on the host
+        if initial is not None and len(initial["totals"]) != num_sums:  # other metrics then
+            raise UserError(
+                f"the mid-epoch checkpoint kept {len(initial['totals']) - 2} metric sums, the "
+                f"metrics configured now take {num_sums - 2}: resume with the metrics it was "
+                "saved with, or from a checkpoint saved at the end of an epoch"
+            )
         if initial is not None:  # the sums a mid-epoch checkpoint saved (float64, on the CPU)
             self.accumulate(initial["totals"].to(device, self.dtype))
             if self.error is not None:  # what float32 could not hold of them
