@@ -9,6 +9,7 @@ import torch
 
 from utils.distributed.device import capabilities
 from utils.distributed.process_group import all_reduce_max, all_reduce_sum
+from utils.util import UserError
 
 # A metric takes a step's output and target and returns the SUM of a per-sample score over the
 # batch, as a 0-d tensor on the batch's device (model/metric.py); or it is a StatefulMetric, or
@@ -38,6 +39,11 @@ class StatefulMetric(abc.ABC):
     @abc.abstractmethod
     def compute(self, sums: list[float]) -> float:
         """The metric from the sums of every batch of every rank."""
+
+    def breakdown(self, sums: list[float]) -> dict[str, float]:
+        """Values beside the metric's own from the same sums, each logged as
+        <split>/<metric>/<key> (MeanIoU's per class: val/iou/cat); by default none."""
+        return {}
 
 
 def num_slots(metric: Any) -> int:
@@ -99,6 +105,12 @@ class MetricSums:
         self.totals = torch.zeros(num_sums, dtype=self.dtype, device=device)
         self.error = None if self.dtype == torch.float64 else torch.zeros_like(self.totals)
         self.logged = [0.0] * len(self.totals)  # the sums at the last read_interval, on the host
+        if initial is not None and len(initial["totals"]) != num_sums:  # other metrics then
+            raise UserError(
+                f"the mid-epoch checkpoint kept {len(initial['totals']) - 2} metric sums, the "
+                f"metrics configured now take {num_sums - 2}: resume with the metrics it was "
+                "saved with, or from a checkpoint saved at the end of an epoch"
+            )
         if initial is not None:  # the sums a mid-epoch checkpoint saved (float64, on the CPU)
             self.accumulate(initial["totals"].to(device, self.dtype))
             if self.error is not None:  # what float32 could not hold of them
@@ -182,14 +194,18 @@ class MetricSums:
 
 def to_metrics(totals: torch.Tensor, metrics: dict[str, Any], prefix: str) -> dict[str, float]:
     """Summed [loss, metric slots..., count] as the metrics: per-sample sums as sample-weighted
-    means, a StatefulMetric from its sums, an object with its own state from its compute()."""
+    means, a StatefulMetric from its sums (and its breakdown), an object with its own state from
+    its compute()."""
     values = totals.tolist()
     num_samples, offset = values[-1], 1
     result = {f"{prefix}/loss": values[0] / num_samples}
     for name, metric in metrics.items():
         size = num_slots(metric)
         if isinstance(metric, StatefulMetric):
-            result[f"{prefix}/{name}"] = metric.compute(values[offset : offset + size])
+            own = values[offset : offset + size]
+            result[f"{prefix}/{name}"] = metric.compute(own)
+            for key, value in metric.breakdown(own).items():
+                result[f"{prefix}/{name}/{key}"] = value
         elif size == 0:
             result[f"{prefix}/{name}"] = float(metric.compute())
             metric.reset()
