@@ -279,7 +279,8 @@ def test_the_unet_beats_the_always_background_baseline(tmp_path):
     report_path = tmp_path / "test.json"
     result = run_main("test.py", "-r", str(best), "--split", "test", "--json", str(report_path))
     assert result.returncode == 0, result.stderr[-3000:]
-    pixel_accuracy = json.loads(report_path.read_text())["metrics"]["test/accuracy"]
+    reported = json.loads(report_path.read_text())["metrics"]
+    pixel_accuracy = reported["test/accuracy"]
     predicted = tmp_path / "predicted"
     result = run_main(
         "predict.py", "-r", str(best), str(root / "test" / "images"), "--out-dir", str(predicted)
@@ -295,6 +296,8 @@ def test_the_unet_beats_the_always_background_baseline(tmp_path):
     )
     # predict.py's masks are the ones test.py scored: the same pixel accuracy.
     assert np.trace(counts) / counts.sum() == pytest.approx(pixel_accuracy, abs=1e-6)
+    # The shipped MeanIoU, whole-split counts over batches, is the masks' confusion matrix's.
+    assert reported["test/MeanIoU"] == pytest.approx(mean_iou(counts), abs=1e-9)
     assert pixel_accuracy > background + 0.1  # about 0.80 -> above 0.90
     assert mean_iou(counts) > mean_iou(baseline_counts) + 0.5  # about 0.20 -> above 0.70
 
