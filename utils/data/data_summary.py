@@ -26,9 +26,9 @@ def log_data_summary(
     names = data.class_names()  # none for data without classes (e.g. denoising)
 
     def counts(split: str, indices: np.ndarray) -> str:
-        return (
-            class_counts(data.labels(split)[indices], names) if names else f"{len(indices)} samples"
-        )
+        if not names:
+            return f"{len(indices)} samples"
+        return class_counts(sample_classes(data, split, indices), names, len(indices))
 
     train_indices, _ = data.split_indices()
     logger.info("Training data: %s", counts("train", train_indices))
@@ -40,7 +40,7 @@ def log_data_summary(
             describe_validation(data),
             counts(split, indices),
         )
-        labels = data.labels(split)[indices] if names else np.array([])
+        labels = sample_classes(data, split, indices) if names else np.array([])
         missing = [name for label, name in enumerate(names) if not np.any(labels == label)]
         if missing:
             logger.warning(
@@ -105,8 +105,21 @@ def describe_sampler(data: "BaseDataLoader", sampler: EpochSampler) -> str:
     return text
 
 
-def class_counts(labels: np.ndarray, names: list[str]) -> str:
-    """'N samples; per class: cat 3, dog 5' (for many classes only the fewest and the most)."""
+def sample_classes(data: "BaseDataLoader", split: str, indices: np.ndarray) -> np.ndarray:
+    """The class of each sample of `split` at `indices`; for a loader with target_classes (targets
+    that hold several classes: per-box or per-pixel labels) every class each target holds."""
+    classes_of = getattr(data, "target_classes", None)
+    if classes_of is None:
+        return data.labels(split)[indices]
+    dataset = data.dataset(split)
+    targets = getattr(dataset, "targets", None)  # else each sample is loaded once
+    chosen = [targets[i] if targets is not None else dataset[int(i)][1] for i in indices]
+    return np.concatenate([np.zeros(0, np.int64), *(classes_of(target) for target in chosen)])
+
+
+def class_counts(labels: np.ndarray, names: list[str], num_samples: int | None = None) -> str:
+    """'N samples; per class: cat 3, dog 5' (for many classes only the fewest and the most);
+    num_samples: the samples `labels` come from, when a sample holds several (boxes)."""
     counts = np.bincount(labels, minlength=len(names))
     if len(names) <= MAX_LISTED_CLASSES:
         per_class = ", ".join(
@@ -118,7 +131,9 @@ def class_counts(labels: np.ndarray, names: list[str]) -> str:
             f"from {counts[fewest]} ({names[fewest]}) to {counts[most]} ({names[most]}) "
             f"over {len(names)} classes"
         )
-    return f"{len(labels)} samples; per class: {per_class}"
+    if num_samples is None or num_samples == len(labels):
+        return f"{len(labels)} samples; per class: {per_class}"
+    return f"{num_samples} samples, {len(labels)} labels; per class: {per_class}"
 
 
 def class_shares(labels: np.ndarray, names: list[str]) -> str:
