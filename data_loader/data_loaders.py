@@ -19,6 +19,7 @@ from data_loader.image_loader import ImageDataLoader, load_image, load_image_ten
 from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import SyntheticShapes
 from data_loader.tabular import TabularDataLoader
+from data_loader.tasks.detection import DetectionDataLoader
 from data_loader.transforms import IMAGE_SIZES, PRESETS, STATS, augmentation_policy
 from utils import ConfigValueError, describe_error
 from utils.data.sampler import EpochSampler
@@ -29,6 +30,7 @@ DECODERS = ("pil", "device")
 
 __all__ = [
     "Cifar10DataLoader",
+    "DetectionDataLoader",
     "ImageFolderDataLoader",
     "NoisyShapesDataLoader",
     "SyntheticDataLoader",

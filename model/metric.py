@@ -25,9 +25,9 @@ import torch
 
 from base import StatefulMetric
 from utils.evaluation.metric_sums import sum_dtype
-from utils.util import DataError
+from utils.util import ConfigValueError, DataError
 
-__all__ = ["F1", "R2", "RMSE", "accuracy", "psnr", "top_5_acc", "top_k_acc"]
+__all__ = ["F1", "R2", "RMSE", "MeanAveragePrecision", "accuracy", "psnr", "top_5_acc", "top_k_acc"]
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -206,3 +206,38 @@ def check_same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> N
 def describe(tensor: torch.Tensor) -> str:
     """ "(32, 1) float32": a tensor's shape and dtype, for messages."""
     return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
+
+
+class MeanAveragePrecision:
+    """A detector's mean average precision over every detection of the epoch: torchmetrics'
+    MeanAveragePrecision (an optional extra: pip install -e ".[detection]", torchmetrics and
+    pycocotools), whose compute() gathers the detections of every rank. The output is B dicts
+    {"boxes" (N, 4) xyxy, "scores" (N,), "labels" (N,)}, the target B dicts {"boxes", "labels"}.
+    iou_threshold: the IoU a detection needs to count (0.5: mAP@0.5, the PASCAL VOC measure);
+    None: COCO's mean over 0.5, 0.55, ..., 0.95. Its state is not in mid-epoch checkpoints: name
+    it for validation, where detectors make detections (trainer/detection.py)."""
+
+    def __init__(self, iou_threshold: float | None = 0.5, backend: str = "pycocotools") -> None:
+        try:
+            from torchmetrics.detection import MeanAveragePrecision as Reference
+
+            thresholds = None if iou_threshold is None else [iou_threshold]
+            self.metric = Reference(iou_thresholds=thresholds, backend=backend)
+        except (ImportError, ValueError) as error:  # ModuleNotFoundError: a missing backend
+            raise ConfigValueError(
+                f"MeanAveragePrecision: {str(error).splitlines()[0]} (the extra: pip install "
+                '-e ".[detection]")'
+            ) from None
+
+    def to(self, device: torch.device) -> "MeanAveragePrecision":
+        self.metric = self.metric.to(device)
+        return self
+
+    def update(self, output: list[dict], target: list[dict]) -> None:
+        self.metric.update(output, target)
+
+    def compute(self) -> torch.Tensor:
+        return self.metric.compute()["map"]
+
+    def reset(self) -> None:
+        self.metric.reset()
