@@ -107,6 +107,13 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     inputs = example_inputs(config, model, args.batch_size)
     with torch.no_grad():
         expected = model(inputs)
+    if not isinstance(expected, torch.Tensor):  # e.g. a detector's list of dicts per image
+        from utils import UserError
+
+        raise UserError(
+            f"{args.resume}: the model returns a {type(expected).__name__}, not a tensor; "
+            "export.py exports models whose output is one tensor"
+        )
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         staged = staging / out.name

@@ -30,6 +30,7 @@ from utils.util import DataError
 
 SHAPES = {"disk": 0, "square": 1, "triangle": 2}  # class name: its drawing in synthetic.py
 COLUMNS = ["file", "label", "x1", "y1", "x2", "y2"]
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 def write_detection(
@@ -128,6 +129,11 @@ class BoxImages(Dataset):
             return image.convert("RGB"), self.targets[index]
 
 
+def image_transform() -> Callable:
+    """PIL image -> float (3, H, W) in [0, 1]: the model's input, in training and predict.py."""
+    return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+
+
 def collate_detection(samples: list[tuple[torch.Tensor, dict]]) -> tuple[torch.Tensor, list[dict]]:
     """(images (B, 3, H, W), B target dicts): the boxes per image differ in number, so the
     targets stay a list rather than a stacked tensor (what default_collate would try)."""
@@ -170,7 +176,7 @@ class DetectionDataLoader(BaseDataLoader):
 
     def transform(self, augment: bool) -> Callable:
         # Not augmented: a flip or crop would have to move the boxes too.
-        return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])  # (3, H, W)
+        return image_transform()
 
     def target_classes(self, target: dict[str, torch.Tensor]) -> np.ndarray:
         """The classes of one image's boxes, int64 (N,): the class counts and the label check."""
@@ -190,6 +196,30 @@ class DetectionDataLoader(BaseDataLoader):
         # Until BaseDataLoader has the collate(split) hook: the collate passed here.
         dataset = self.view(split, augment)
         return self.data_loader(dataset, sampler, drop_last=drop_last, collate_fn=collate_detection)
+
+    @classmethod
+    def read_inputs(
+        cls, path: Path, args: dict, feature_names: list[str] | None
+    ) -> tuple[list[str], torch.Tensor]:
+        """predict.py: the PNG or JPEG image `path`, or those of folder `path`, as the model reads
+        them: (their paths, images float (N, 3, H, W) in [0, 1]), all of one size."""
+        paths = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if (
+            path.is_dir()) else [path]  # fmt: skip
+        if not paths or not paths[0].is_file():
+            raise DataError(f"{path}: no image there (PNG or JPEG)")
+        transform = image_transform()
+        images = []
+        for image_path in paths:
+            with Image.open(image_path) as image:
+                images.append(transform(image.convert("RGB")))
+        if len({image.shape for image in images}) > 1:
+            raise DataError(f"{path}: images of several sizes; predict one size at a time")
+        return [str(image_path) for image_path in paths], torch.stack(images)
+
+    @classmethod
+    def example_inputs(cls, args: dict, model: torch.nn.Module, batch_size: int) -> torch.Tensor:
+        """export.py: random images (B, 3, 64, 64) in [0, 1]."""
+        return torch.rand(batch_size, 3, 64, 64, generator=torch.Generator().manual_seed(0))
 
     @classmethod
     def prediction_rows(
