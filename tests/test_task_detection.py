@@ -276,14 +276,14 @@ def test_export_refuses_a_detector_in_one_line(tiny_run, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, Path, float]:
-    """configs/detection.json as shipped (12 epochs of 400 images), but 41 validation images:
+    """configs/detection.json as shipped (20 epochs of 400 images), but 41 validation images:
     (its run folder, the data, the seconds train.py took)."""
     tmp_path = tmp_path_factory.mktemp("trained")
     write_detection(tmp_path / "data", num_train=400, num_test=100, seed=0)
     config = write_shrunk(
         "configs/detection.json", tmp_path / "d.json", tmp_path / "saved",
         **{"data_loader.args.data_dir": str(tmp_path / "data"), "data_loader.args.batch_size": 16,
-           "data_loader.args.validation_split": 41, "trainer.epochs": 12,
+           "data_loader.args.validation_split": 41, "trainer.epochs": 20,
            "trainer.tensorboard": False, "trainer.log_step": 10},
     )  # fmt: skip
     start = time.perf_counter()
@@ -312,7 +312,7 @@ def test_the_detector_learns_far_above_an_untrained_one(trained, tmp_path):
     untrained_map = float(metric.compute())
     print(f"test mAP@0.5: trained {trained_map:.3f}, untrained {untrained_map:.4f}; "
           f"train.py {seconds:.0f} s")  # fmt: skip
-    assert untrained_map < 0.05 and trained_map > 0.4
+    assert untrained_map < 0.05 and trained_map > 0.45
 
 
 @needs_map
@@ -322,7 +322,7 @@ def test_two_ranks_validate_to_the_map_of_all_detections_at_once(trained, tmp_pa
     # One more epoch under torchrun, 41 validation images on 2 ranks (21 and 20).
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "train.py", "-r", str(run_dir / "checkpoint-epoch12.pth"), "--epochs", "13",
+        "train.py", "-r", str(run_dir / "checkpoint-epoch20.pth"), "--epochs", "21",
     ]  # fmt: skip
     env = {
         **os.environ,
@@ -332,7 +332,7 @@ def test_two_ranks_validate_to_the_map_of_all_detections_at_once(trained, tmp_pa
     }
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    checkpoint = run_dir / "checkpoint-epoch13.pth"
+    checkpoint = run_dir / "checkpoint-epoch21.pth"
     two_ranks = torch.load(checkpoint, weights_only=True)["metrics"]["val/MeanAveragePrecision"]
     # test.py: the same weights and images in one process, every detection in one metric.
     report = tmp_path / "report.json"
