@@ -104,6 +104,17 @@ def test_a_bad_row_of_boxes_is_refused_in_one_line(tmp_path, row, message):
     assert "\n" not in str(error.value)
 
 
+def test_missing_files_are_refused_in_one_line(tmp_path):
+    write_detection(tmp_path, num_train=2, num_test=2)
+    (tmp_path / "test" / "boxes.csv").unlink()
+    with pytest.raises(DataError, match=r"test/boxes.csv: missing \(write_detection writes"):
+        loader(tmp_path).dataset("test")
+    with pytest.raises(DataError, match=r"nowhere/train/boxes.csv: missing"):
+        loader(tmp_path / "nowhere").class_names()
+    with pytest.raises(DataError, match=r"no.png: no image there"):
+        DetectionDataLoader.read_inputs(tmp_path / "no.png", {}, None)
+
+
 def test_prediction_rows_are_one_per_box_and_one_for_an_image_without(tmp_path):
     outputs = [
         {"boxes": torch.tensor([[1.0, 2.0, 30.5, 40.25], [3.0, 4.0, 5.0, 6.0]]),
@@ -220,6 +231,16 @@ def test_map_is_torchmetrics_on_all_detections_at_once_for_any_batch_cut(num_exa
         assert sums.result("val")["val/map"] == float(reference.compute()["map"])
 
     check()
+
+
+@needs_map
+def test_an_unknown_map_backend_is_refused_in_one_line():
+    from model.metric import MeanAveragePrecision
+    from utils import ConfigValueError
+
+    with pytest.raises(ConfigValueError, match=r"^MeanAveragePrecision: .*backend.*extra") as error:
+        MeanAveragePrecision(backend="nope")
+    assert "\n" not in str(error.value)
 
 
 # --- end to end: train.py, test.py, export.py on the files ----------------------------------------

@@ -78,6 +78,8 @@ def read_boxes(path: Path, class_names: list[str] | None) -> dict[str, list[tupl
     (a known class when class_names is given, x1 < x2 and y1 < y2), a bad one refused in one line
     naming its row."""
     boxes: dict[str, list[tuple[str, list]]] = {}
+    if not path.is_file():
+        raise DataError(f"{path}: missing (write_detection writes an example)")
     with open(path, newline="") as file:
         reader = csv.DictReader(file)
         if reader.fieldnames is None or not set(COLUMNS) <= set(reader.fieldnames):
@@ -158,8 +160,6 @@ class DetectionDataLoader(BaseDataLoader):
     def class_names(self) -> list[str]:
         if self._class_names is None:
             path = self.data_dir / "train" / "boxes.csv"
-            if not path.is_file():
-                raise DataError(f"{path}: missing (write_detection writes an example)")
             self._class_names = sorted({name for rows in read_boxes(path, None).values()
                                         for name, _ in rows})  # fmt: skip
         return self._class_names
@@ -203,8 +203,9 @@ class DetectionDataLoader(BaseDataLoader):
     ) -> tuple[list[str], torch.Tensor]:
         """predict.py: the PNG or JPEG image `path`, or those of folder `path`, as the model reads
         them: (their paths, images float (N, 3, H, W) in [0, 1]), all of one size."""
-        paths = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if (
-            path.is_dir()) else [path]  # fmt: skip
+        paths = [path]
+        if path.is_dir():
+            paths = sorted(item for item in path.iterdir() if item.suffix.lower() in IMAGE_SUFFIXES)
         if not paths or not paths[0].is_file():
             raise DataError(f"{path}: no image there (PNG or JPEG)")
         transform = image_transform()
