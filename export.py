@@ -2,12 +2,11 @@
 
 python export.py -r saved/models/<name>/<run_id>/model_best.pth --format export --out model.pt2
 
-Formats: torch.export (.pt2, recommended), TorchScript, ONNX (needs the onnx and onnxscript
-packages). The batch dimension stays dynamic, and so do those the data loader declares
-(dynamic_dims). The file is written to a temporary name, loaded back and run on inputs made by
-the run's evaluation transform (or the loader's example_inputs), also cut and repeated along
-each dynamic dim; only when its logits match the eager model's to within TOLERANCE on all of
-them does it take the name --out.
+Formats: torch.export (.pt2, recommended), TorchScript, ONNX (needs onnx and onnxscript). The
+batch dim stays dynamic, and so do those the data loader declares (dynamic_dims). The file is
+written to a temporary name, loaded back and run on the run's example inputs, also cut and
+repeated along each dynamic dim; it takes the name --out only if its logits match the eager
+model's to within TOLERANCE on all of them.
 """
 
 import argparse
@@ -75,12 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.format == "onnx":
             require_onnx()
         export_checkpoint(args, out)
-    except UserError as error:
+    except (UserError, ParityError) as error:  # 2: a bad input; 1: the file computes otherwise
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    except ParityError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, UserError) else 1
     return 0
 
 
@@ -118,6 +114,7 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     import torch
 
     from build import example_inputs, export_signature, load_inference_model, weights_note
+    from utils import UserError
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which
@@ -132,6 +129,9 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     checks += resized(model, inputs, signature.dynamic_dims)
     with torch.no_grad():
         expected = [model(batch) for _, batch in checks]
+    if not isinstance(expected[0], torch.Tensor):  # e.g. a detector's list of dicts per image
+        kind = type(expected[0]).__name__
+        raise UserError(f"{args.resume}: the model returns a {kind}; export needs a tensor")
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         staged = staging / out.name
@@ -178,9 +178,7 @@ def resized(
     found = []
     for dim, name in dynamic_dims.items():
         if dim >= inputs.dim():
-            raise UserError(
-                f"dynamic dim {dim} ({name!r}): the inputs {tuple(inputs.shape)} lack it"
-            )
+            raise UserError(f"dynamic dim {dim} ({name!r}): inputs {tuple(inputs.shape)} lack it")
         size = inputs.shape[dim]
         candidates = [inputs.narrow(dim, 0, size // 2)] if size >= 2 else []
         candidates.append(torch.cat([inputs, inputs], dim=dim))

@@ -252,9 +252,11 @@ def hooked_rows(
             end += 1
         with torch.inference_mode():
             outputs = model(torch.stack(inputs[start:end]))
+        if isinstance(outputs, torch.Tensor):  # logits; else as the model gives them (detections)
+            outputs = outputs.float()
         batch_rows = loader_class.prediction_rows(
             names[start:end],
-            outputs.float(),
+            outputs,
             class_names=list(state.get("class_names") or []),
             out_dir=out_dir,
         )

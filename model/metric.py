@@ -21,16 +21,27 @@ data (a boolean mask's, bincount's), so a step never waits for the GPU.
 
 import fractions
 import math
+from typing import Any
 
 import torch
 
 from base import StatefulMetric
 from model.class_metrics import F1, MeanIoU, PixelAccuracy, check_class_scores, describe
+from utils.distributed.process_group import gather_objects, is_distributed
 from utils.evaluation.metric_sums import sum_dtype
-from utils.util import DataError
+from utils.util import ConfigValueError, DataError
 
 __all__ = [
-    "F1", "R2", "RMSE", "MeanIoU", "PixelAccuracy", "accuracy", "psnr", "top_5_acc", "top_k_acc"
+    "F1",
+    "R2",
+    "RMSE",
+    "MeanAveragePrecision",
+    "MeanIoU",
+    "PixelAccuracy",
+    "accuracy",
+    "psnr",
+    "top_5_acc",
+    "top_k_acc",
 ]  # fmt: skip
 
 
@@ -156,3 +167,59 @@ def check_same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> N
             f" and {describe(target)}; give the target the output's shape (one value a "
             "sample: (B, 1), e.g. target.unsqueeze(1) in the dataset)"
         )
+
+
+class MeanAveragePrecision:
+    """A detector's mean average precision over every detection of the epoch: torchmetrics'
+    MeanAveragePrecision (an optional extra: pip install -e ".[detection]", torchmetrics and
+    pycocotools). The output is B dicts {"boxes" (N, 4) xyxy, "scores" (N,), "labels" (N,)}, the
+    target B dicts {"boxes", "labels"}. iou_threshold: the IoU a detection needs to count (0.5:
+    mAP@0.5, the PASCAL VOC measure); None: COCO's mean over 0.5, 0.55, ..., 0.95.
+
+    Under torchrun every rank's detections are gathered and scored at once here: torchmetrics'
+    own sync gathers its per-image lists one tensor at a time, which needs as many images on
+    every rank (an uneven validation split is not). Its state is not in mid-epoch checkpoints:
+    name it for validation, where detectors make detections (trainer/detection.py)."""
+
+    def __init__(self, iou_threshold: float | None = 0.5, backend: str = "pycocotools") -> None:
+        self.iou_threshold, self.backend = iou_threshold, backend
+        self.metric = self.reference()  # refuses a missing backend before anything is written
+        self.images: list[tuple[dict, dict]] = []  # under torchrun: (output, target) per image
+
+    def reference(self) -> Any:
+        """torchmetrics' metric, which scores what it is given without syncing the ranks."""
+        try:
+            from torchmetrics.detection import MeanAveragePrecision as Reference
+
+            thresholds = None if self.iou_threshold is None else [self.iou_threshold]
+            return Reference(iou_thresholds=thresholds, backend=self.backend, sync_on_compute=False)
+        except (ImportError, ValueError) as error:  # ModuleNotFoundError: a missing backend
+            raise ConfigValueError(
+                f"MeanAveragePrecision: {str(error).splitlines()[0]} (the extra: pip install "
+                '-e ".[detection]")'
+            ) from None
+
+    def to(self, device: torch.device) -> "MeanAveragePrecision":
+        self.metric = self.metric.to(device)
+        return self
+
+    def update(self, output: list[dict], target: list[dict]) -> None:
+        self.metric.update(output, target)  # checks the dicts' keys, shapes and dtypes
+        if is_distributed():  # kept on the CPU for the gathering at compute()
+            cpu = [{key: value.detach().cpu() for key, value in item.items()} for item in output]
+            truth = [{key: value.cpu() for key, value in item.items()} for item in target]
+            self.images += zip(cpu, truth, strict=True)
+
+    def compute(self) -> torch.Tensor:
+        if not is_distributed():
+            return self.metric.compute()["map"]
+        images = [image for rank in gather_objects(self.images) for image in rank]
+        everything = self.reference()
+        if images:
+            outputs, targets = zip(*images, strict=True)
+            everything.update(list(outputs), list(targets))
+        return everything.compute()["map"]
+
+    def reset(self) -> None:
+        self.metric.reset()
+        self.images = []

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from base import BaseModel
+from model.detector import TinyDetector  # in __all__ too
 from model.fast_cifar import FastCifarCNN  # in __all__: configs name it here
 from model.sequence import GRUClassifier  # in __all__ too
 from model.torchvision_model import TorchvisionModel  # in __all__ too
@@ -18,6 +19,7 @@ __all__ = [
     "FastCifarCNN",
     "GRUClassifier",
     "TabularMLP",
+    "TinyDetector",
     "TorchvisionModel",
     "UNet",
 ]

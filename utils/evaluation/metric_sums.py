@@ -66,6 +66,8 @@ class StepOutput:
 
     loss: the batch's mean loss, a 0-d tensor (the engine backpropagates it when training).
     output, target: what every configured metric is called with, metric(output, target).
+    output None (default): a step with nothing for the metrics (e.g. a detector's training step,
+    which makes losses and no detections); a pass of such steps has no metrics, only its loss.
     batch_size: the number of samples in the batch; by default len(target).
     """
 
@@ -120,6 +122,9 @@ class MetricSums:
             self.logged = initial["logged"].tolist()
         # The first step whose loss was not finite (0: none yet), kept on the device.
         self.first_nonfinite = torch.zeros((), dtype=torch.int64, device=device)
+        # Whether a step had an output for the metrics: without one (StepOutput.output None in
+        # every step) result() reports the loss alone, not metrics of nothing.
+        self.scored = False
 
     @torch.no_grad()
     def add(self, step: StepOutput, index: int = 0) -> None:
@@ -128,8 +133,11 @@ class MetricSums:
         # torch.full fills on the device; a host scalar copied over would wait for the GPU.
         batch_size = torch.full((), size, dtype=self.dtype, device=self.totals.device)
         sums = [(step.loss.detach().to(self.dtype) * batch_size).reshape(1)]
+        self.scored = self.scored or step.output is not None
         for metric in self.metric_fns.values():
-            if isinstance(metric, StatefulMetric):
+            if step.output is None:  # nothing to score: the metric's sums stay as they were
+                sums.append(self.totals.new_zeros(num_slots(metric)))
+            elif isinstance(metric, StatefulMetric):
                 sums.append(metric.batch_sums(step.output, step.target).to(self.dtype).reshape(-1))
             elif keeps_own_state(metric):
                 metric.update(step.output, step.target)
@@ -188,8 +196,15 @@ class MetricSums:
 
     def result(self, prefix: str) -> dict[str, float]:
         """{"<prefix>/loss": ..., "<prefix>/<metric>": ..., "<prefix>/num_samples": n} over every
-        rank (a collective)."""
-        return to_metrics(self.all_ranks(), self.metric_fns, prefix)
+        rank (a collective); without any output for the metrics (StepOutput.output None), the
+        loss and the count alone."""
+        totals = self.all_ranks()
+        # Agreed by every rank: one without batches must still join the metrics' collectives.
+        scored = bool(all_reduce_max(torch.tensor(int(self.scored), device=self.totals.device)))
+        if scored or not self.metric_fns:
+            return to_metrics(totals, self.metric_fns, prefix)
+        return {f"{prefix}/loss": float(totals[0] / totals[-1]),
+                f"{prefix}/num_samples": float(totals[-1])}  # fmt: skip
 
 
 def to_metrics(totals: torch.Tensor, metrics: dict[str, Any], prefix: str) -> dict[str, float]:
