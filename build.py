@@ -24,6 +24,7 @@ import trainer as trainer_module
 from base import BaseModel, BaseTrainer
 from data_loader.transforms import evaluation_transform
 from parse_config import ConfigError, ConfigParser
+from utils.config.config_checks import metric_names
 from utils.data.batches import global_batch
 from utils.distributed.device import capabilities
 from utils.distributed.process_group import (
@@ -54,17 +55,29 @@ def build_loss(config: ConfigParser) -> Callable:
     return functools.partial(function, **args)
 
 
-def build_metrics(config: ConfigParser, device: torch.device) -> dict[str, Any]:
-    """config["metrics"]: each a name in model/metric.py, or {"type": NAME, "args": {...}}. A
-    function (a per-sample sum; args bound with functools.partial) or a class, built with its
-    args: a StatefulMetric, or torchmetrics' Metric (moved to the device), keyed by its name."""
-    metrics = {}
+def build_metrics(
+    config: ConfigParser, device: torch.device, class_names: list[str] | None = None
+) -> dict[str, Any]:
+    """config["metrics"]: each a name in model/metric.py, or {"type": NAME, "name": KEY, "args":
+    {...}}. A function (a per-sample sum; args bound with functools.partial) or a class, built
+    with its args: a StatefulMetric, or torchmetrics' Metric (moved to the device), keyed by its
+    "name" (by default its type: val/<name>). A class that takes `class_names` and is not given
+    them gets the data's (`class_names`, when the data has classes)."""
+    metrics, names = {}, metric_names(config["metrics"])
     for index, entry in enumerate(config["metrics"]):
-        name, args = (
+        name = names[index]
+        type_name, args = (
             (entry, {}) if isinstance(entry, str) else (entry["type"], entry.get("args", {}))
         )
         where = f"metrics[{index}]"
-        target = config.lookup(metric_module, name, f"{where}.type" if args else where)
+        target = config.lookup(
+            metric_module, type_name, where if isinstance(entry, str) else f"{where}.type"
+        )
+        takes_names = (
+            inspect.isclass(target) and "class_names" in inspect.signature(target).parameters
+        )
+        if takes_names and class_names and "class_names" not in args:
+            args = {**args, "class_names": class_names}
         try:
             inspect.signature(target).bind(
                 *([] if inspect.isclass(target) else [None, None]), **args
@@ -72,7 +85,10 @@ def build_metrics(config: ConfigParser, device: torch.device) -> dict[str, Any]:
         except TypeError as error:
             raise ConfigError(f"{config.source}: {where}.args: {error}") from None
         if inspect.isclass(target):
-            metric = target(**args)
+            try:
+                metric = target(**args)
+            except ConfigValueError as error:
+                raise ConfigError(f"{config.source}: {where}.args: {error}") from None
             metrics[name] = metric.to(device) if hasattr(metric, "to") else metric
         else:
             metrics[name] = functools.partial(target, **args) if args else target
@@ -167,7 +183,7 @@ def build_trainer(
             "FSDP: %d blocks and the root sharded over %d process(es).", count, info.world_size
         )
     criterion = build_loss(config)
-    metric_fns = build_metrics(config, device)
+    metric_fns = build_metrics(config, device, data.class_names())
     optimizer = None
     if training:
         optimizer = build_optimizer(config, model, device, info.world_size)
@@ -226,6 +242,30 @@ def example_inputs(config: ConfigParser, model: torch.nn.Module, batch_size: int
     transform = input_transform(config)
     pixels = np.random.default_rng(0).integers(0, 256, (batch_size, 64, 64, 3), np.uint8)
     return torch.stack([transform(image) for image in pixels])  # (B, C, H, W) float32
+
+
+def export_signature(config: ConfigParser) -> tuple[str, str, dict[int, str]]:
+    """(the exported file's input name, its output name, the input dims besides the batch that
+    may vary: {dim: name}) that the run's data loader class declares (input_names,
+    output_names, dynamic_dims; BaseDataLoader's defaults: "images", "logits", none)."""
+    section = config["data_loader"]
+    loader_class = config.lookup(data_module, section["type"], "data_loader.type")
+    names = {"input_names": loader_class.input_names, "output_names": loader_class.output_names}
+    for attribute, value in names.items():
+        if not (isinstance(value, tuple) and len(value) == 1 and str(value[0]).isidentifier()):
+            raise ConfigValueError(
+                f"{loader_class.__name__}.{attribute}: must be one name (a tuple of one "
+                f"identifier: the models here take one input and return one output), got {value!r}"
+            )
+    dims = dict(loader_class.dynamic_dims)
+    if not all(
+        type(dim) is int and dim > 0 and str(name).isidentifier() for dim, name in dims.items()
+    ):
+        raise ConfigValueError(
+            f"{loader_class.__name__}.dynamic_dims: must map input dims > 0 (0 is the batch) to "
+            f'names, e.g. {{1: "length"}}, got {dims!r}'
+        )
+    return names["input_names"][0], names["output_names"][0], dims
 
 
 def input_transform(config: ConfigParser) -> Callable:

@@ -230,7 +230,7 @@ class Config:
     metrics: list[str | dict] = key(
         [],
         METRICS,
-        'names from `model/metric.py` (functions or metric classes), or {"type": NAME, "args": {...}}',
+        'names from `model/metric.py`, or {"type": NAME, "name": KEY, "args": {...}}: logged as `val/KEY` (KEY by default NAME; one type twice needs a name)',
     )
     lr_scheduler: SchedulerSection | None = key(None, None, "a `torch.optim.lr_scheduler` class")
     trainer: TrainerConfig = key(REQUIRED, None, "the training loop")

@@ -2,20 +2,22 @@
 
 python export.py -r saved/models/<name>/<run_id>/model_best.pth --format export --out model.pt2
 
-Formats: torch.export (.pt2, recommended), TorchScript, ONNX (needs the onnx and onnxscript
-packages). The batch dimension stays dynamic. The file is written to a temporary name, loaded
-back and run on inputs made by the run's evaluation transform; only when its logits match the
-eager model's to within TOLERANCE does it take the name --out.
+Formats: torch.export (.pt2, recommended), TorchScript, ONNX (needs onnx and onnxscript). The
+batch dim stays dynamic, and so do those the data loader declares (dynamic_dims). The file is
+written to a temporary name, loaded back and run on the run's example inputs, also cut and
+repeated along each dynamic dim; it takes the name --out only if its logits match the eager
+model's to within TOLERANCE on all of them.
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -72,12 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.format == "onnx":
             require_onnx()
         export_checkpoint(args, out)
-    except UserError as error:
+    except (UserError, ParityError) as error:  # 2: a bad input; 1: the file computes otherwise
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    except ParityError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, UserError) else 1
     return 0
 
 
@@ -94,33 +93,65 @@ def require_onnx() -> None:
         )
 
 
+class Signature(NamedTuple):
+    """What the run's data loader declares of the file (build.export_signature): its input and
+    output names, and the input dims besides the batch that may vary, {dim: name}."""
+
+    input_name: str
+    output_name: str
+    dynamic_dims: dict[int, str]
+
+    def dynamic_shapes(self) -> tuple[dict]:
+        """torch.export's dynamic_shapes of the one input: the batch, and each declared dim as
+        Dim.AUTO, which finds what the model needs of it (a U-Net's multiple of 16)."""
+        import torch
+
+        dims = {dim: torch.export.Dim.AUTO for dim in self.dynamic_dims}
+        return ({0: torch.export.Dim("batch", min=1), **dims},)
+
+
 def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     import torch
 
-    from build import example_inputs, load_inference_model, weights_note
+    from build import example_inputs, export_signature, load_inference_model, weights_note
+    from utils import UserError
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which
         print(f"{args.resume}: {weights_note(state)}")
+    signature = Signature(*export_signature(config))  # the loader's; refused in one line
     # Inputs of the exact shape and value range the model sees, on the CPU: random images
     # through the run's evaluation transform, or what the data loader says (example_inputs).
     inputs = example_inputs(config, model, args.batch_size)
+    # The batch of the export, batch 1 (the batch dimension must be dynamic), and inputs of
+    # other sizes along each dynamic dim, which the export never saw: (what, inputs).
+    checks = [(f"batch {len(inputs)}", inputs), ("batch 1", inputs[:1])]
+    checks += resized(model, inputs, signature.dynamic_dims)
     with torch.no_grad():
-        expected = model(inputs)
+        expected = [model(batch) for _, batch in checks]
+    if not isinstance(expected[0], torch.Tensor):  # e.g. a detector's list of dicts per image
+        kind = type(expected[0]).__name__
+        raise UserError(f"{args.resume}: the model returns a {kind}; export needs a tensor")
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         staged = staging / out.name
-        run_file = EXPORTERS[args.format](model, inputs, staged)
-        # The batch of the export and batch 1: the batch dimension must be dynamic.
-        difference = max(
-            (run_file(batch) - expected[: len(batch)]).abs().max().item()
-            for batch in (inputs, inputs[:1])
-        )
-        # The logits' own size says what the difference is small against.
-        scale = expected.abs().max().item()
+        with torch_notes_hidden():
+            run_file = EXPORTERS[args.format](model, inputs, staged, signature)
+        difference = 0.0
+        for (what, batch), logits in zip(checks, expected, strict=True):
+            try:
+                with torch_notes_hidden():
+                    found = run_file(batch)
+            except Exception as error:  # e.g. torch.export's guard on a size it fixed
+                raise ParityError(
+                    f"{args.format}: the exported model fails on {what} {tuple(batch.shape)} "
+                    f"({str(error).strip().splitlines()[0]}); {out} not written"
+                ) from None
+            difference = max(difference, (found - logits).abs().max().item())
+        scale = expected[0].abs().max().item()  # what the difference is small against
         print(
             f"{args.format}: max |logit difference| vs the eager model: {difference:.3g} "
-            f"(largest |logit| {scale:.3g}; batches {len(inputs)} and 1)"
+            f"(largest |logit| {scale:.3g}; {', '.join(what for what, _ in checks)})"
         )
         if not difference <= TOLERANCE:
             raise ParityError(
@@ -130,21 +161,97 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
         os.replace(staged, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    print(f"Wrote {out} ({args.format}, dynamic batch, inputs {tuple(inputs.shape[1:])})")
+    dynamic = " and ".join(["batch", *signature.dynamic_dims.values()])
+    print(f"Wrote {out} ({args.format}, dynamic {dynamic}, inputs {tuple(inputs.shape[1:])})")
 
 
-def export_program(model: "torch.nn.Module", inputs: "torch.Tensor", path: Path) -> Callable:
+def resized(
+    model: "torch.nn.Module", inputs: "torch.Tensor", dynamic_dims: dict[int, str]
+) -> list[tuple[str, "torch.Tensor"]]:
+    """For each dynamic dim of size n: the inputs cut to n // 2 and repeated to 2 n along it,
+    labelled e.g. "length 8". A size the eager model itself refuses (a U-Net's height that is
+    not a multiple of 16) is left out; a dim with no size left is an error."""
+    import torch
+
+    from utils import UserError
+
+    found = []
+    for dim, name in dynamic_dims.items():
+        if dim >= inputs.dim():
+            raise UserError(f"dynamic dim {dim} ({name!r}): inputs {tuple(inputs.shape)} lack it")
+        size = inputs.shape[dim]
+        candidates = [inputs.narrow(dim, 0, size // 2)] if size >= 2 else []
+        candidates.append(torch.cat([inputs, inputs], dim=dim))
+        runnable = []
+        for batch in candidates:
+            try:
+                with torch.no_grad():
+                    model(batch)
+            except RuntimeError:
+                continue
+            runnable.append((f"{name} {batch.shape[dim]}", batch))
+        if not runnable:
+            raise UserError(
+                f"dynamic dim {dim} ({name!r}): the eager model runs on no other size than "
+                f"{size} of the example inputs ({size // 2} and {2 * size} tried)"
+            )
+        found += runnable
+    return found
+
+
+def export_program(
+    model: "torch.nn.Module", inputs: "torch.Tensor", path: Path, signature: Signature
+) -> Callable:
     """torch.export: a graph of ATen operators, saved as .pt2; torch.export.load reads it."""
     import torch
 
-    batch = torch.export.Dim("batch", min=1)
-    program = torch.export.export(model, (inputs,), dynamic_shapes=({0: batch},), strict=False)
+    shapes = signature.dynamic_shapes()
+    with rnn_loops(bool(signature.dynamic_dims)):
+        program = torch.export.export(model, (inputs,), dynamic_shapes=shapes, strict=False)
     torch.export.save(program, str(path))
     return torch.export.load(str(path)).module()
 
 
-def export_torchscript(model: "torch.nn.Module", inputs: "torch.Tensor", path: Path) -> Callable:
-    """TorchScript by tracing: the operators one batch runs through; torch.jit.load reads it."""
+@contextlib.contextmanager
+def torch_notes_hidden() -> Iterator[None]:
+    """Without the notes for torch's developers that exporting an nn.GRU or nn.LSTM prints (its
+    _check_is_size, _flat_weights, a while_loop symbol): the parity check judges the file."""
+    import logging
+    import warnings
+
+    serializer = logging.getLogger("torch._export.serde.serialize")
+    level = serializer.level
+    serializer.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "_check_is_size", FutureWarning)
+            warnings.filterwarnings("ignore", "The tensor attributes .*_flat_weights", UserWarning)
+            yield
+    finally:
+        serializer.setLevel(level)
+
+
+@contextlib.contextmanager
+def rnn_loops(dynamic: bool) -> Iterator[None]:
+    """With dims besides the batch dynamic: torch.export's own while_loop decompositions of
+    nn.GRU and nn.LSTM, which keep a sequence's length dynamic (the default one unrolls the
+    steps, fixing it); torch.onnx.export uses the same ones. A no-op on a torch without them."""
+    with contextlib.ExitStack() as stack:
+        try:
+            from torch.export import _patches
+        except ImportError:  # an older torch: the default decompositions
+            dynamic = False
+        if dynamic:
+            stack.enter_context(_patches.register_gru_while_loop_decomposition())
+            stack.enter_context(_patches.register_lstm_while_loop_decomposition())
+        yield
+
+
+def export_torchscript(
+    model: "torch.nn.Module", inputs: "torch.Tensor", path: Path, signature: Signature
+) -> Callable:
+    """TorchScript by tracing: the operators one batch runs through, with the sizes read from
+    the input (the parity check tries other ones); torch.jit.load reads it. No names."""
     import warnings
 
     import torch
@@ -157,18 +264,20 @@ def export_torchscript(model: "torch.nn.Module", inputs: "torch.Tensor", path: P
     return loaded
 
 
-def export_onnx(model: "torch.nn.Module", inputs: "torch.Tensor", path: Path) -> Callable:
+def export_onnx(
+    model: "torch.nn.Module", inputs: "torch.Tensor", path: Path, signature: Signature
+) -> Callable:
     """ONNX with torch's torch.export-based exporter; run back with onnxruntime when it is
     installed, else with onnx's reference evaluator (slow, pure numpy)."""
     import importlib.util
 
     import torch
 
-    batch = torch.export.Dim("batch", min=1)
     # external_data=False: the weights inside the one file (models under 2 GB).
     torch.onnx.export(
-        model, (inputs,), str(path), dynamo=True, dynamic_shapes=({0: batch},), verbose=False,
-        input_names=["images"], output_names=["logits"], external_data=False,
+        model, (inputs,), str(path), dynamo=True, dynamic_shapes=signature.dynamic_shapes(),
+        verbose=False, input_names=[signature.input_name], output_names=[signature.output_name],
+        external_data=False,
     )  # fmt: skip
     if importlib.util.find_spec("onnxruntime") is not None:
         import onnxruntime
@@ -179,7 +288,8 @@ def export_onnx(model: "torch.nn.Module", inputs: "torch.Tensor", path: Path) ->
         from onnx.reference import ReferenceEvaluator
 
         run = ReferenceEvaluator(str(path)).run
-    return lambda images: torch.from_numpy(run(None, {"images": images.numpy()})[0])
+    name = signature.input_name
+    return lambda inputs: torch.from_numpy(run(None, {name: inputs.numpy()})[0])
 
 
 EXPORTERS = {"export": export_program, "torchscript": export_torchscript, "onnx": export_onnx}

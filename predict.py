@@ -1,15 +1,13 @@
 """Predict with a checkpoint alone (no config file, no training data): the classes of images,
-or for other data the outputs of each row its loader reads (e.g. CSV files for tabular data).
+or for other data the outputs of each row its loader reads (e.g. CSV files for tabular data),
+or the rows (and files, in --out-dir) of the loader's prediction_rows (e.g. mask PNGs).
 
 python predict.py -r saved/models/<name>/<run_id>/model_best.pth photos/ cat.jpg 'more/*.png'
 python predict.py -r saved/models/Diabetes_MLP/<run_id>/model_best.pth new_patients.csv
+python predict.py -r saved/models/Segment_Shapes/<run_id>/model_best.pth images/ --out-dir masks
 """
 
 import argparse
-import csv
-import glob
-import io
-import json
 import os
 import sys
 from pathlib import Path
@@ -32,6 +30,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "data, a file its loader reads (tabular data: a CSV file, a row per sample)")
     add("--top-k", type=positive_int, default=5, metavar="K", help="classes per image (default 5)")
     add("--out", metavar="FILE", help="also write one row per image to FILE.csv or FILE.json")
+    add("--out-dir", metavar="DIR", help="a folder (made if missing) for the files a task writes "
+        "per input, e.g. a segmenter's mask PNGs (loaders with prediction_rows)")
     add("--force", action="store_true", help="let --out replace an existing file")
     add("--batch-size", type=positive_int, default=64, metavar="N", help="default: 64")
     add("--weights", choices=["auto", "trained", "ema"], default="auto",
@@ -47,16 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from utils import UserError
     from utils.distributed.device import gpu_indices
+    from utils.evaluation.predictions import format_rows, output_path
     from utils.state.checkpoint import write_text_atomic
 
     try:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         out = output_path(args.out, args.force)  # refused before the work, not after it
-        rows, num_inputs = predict(args)
+        rows, num_inputs, flat = predict(args)
         if out is not None:
             try:
-                write_text_atomic(out, format_rows(rows, out.suffix.lower()))
+                write_text_atomic(out, format_rows(rows, out.suffix.lower(), flat=flat))
             except OSError as error:
                 raise UserError(f"--out {out}: cannot write ({error.strerror})") from None
     except UserError as error:
@@ -72,85 +73,67 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def output_path(out: str | None, force: bool) -> Path | None:
-    from utils import UserError
-
-    if out is None:
-        return None
-    path = Path(out)
-    if path.suffix.lower() not in (".csv", ".json"):
-        raise UserError(f"--out {out}: must end in .csv or .json")
-    if path.exists() and not force:
-        raise UserError(f"--out {out}: already exists; pass --force to replace it")
-    if not path.parent.is_dir():
-        raise UserError(f"--out {out}: folder {path.parent} not found")
-    return path
-
-
-def image_paths(inputs: list[str]) -> list[Path]:
-    """The files INPUTs name, sorted by path: files as given, folders searched recursively for
-    image files (by extension), globs expanded (recursively with **)."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
-    from utils import UserError
-
-    found: set[Path] = set()
-    for text in inputs:
-        if os.path.lexists(text):
-            named = [Path(text)]
-        else:
-            named = [Path(match) for match in glob.glob(text, recursive=True)]
-        if not named:
-            kind = "matches no file" if glob.has_magic(text) else "no such file or folder"
-            raise UserError(f"{text}: {kind}")
-        files = [path for path in named if not path.is_dir()]
-        for folder in (path for path in named if path.is_dir()):
-            files += [
-                path
-                for path in folder.rglob("*")
-                if path.suffix.lower() in IMG_EXTENSIONS and path.is_file()
-            ]
-        if not files:
-            raise UserError(f"{text}: no image files ({', '.join(IMG_EXTENSIONS)}) in it")
-        found.update(files)
-    # By path components, as ImageFolder orders its samples (class folder, then file name).
-    return sorted(found, key=lambda path: path.parts)
-
-
-def predict(args: argparse.Namespace) -> tuple[list[dict], int]:
-    """(one row per prediction, the number of inputs): images, or the rows the checkpoint's
-    data loader reads from each input (its classmethod read_inputs)."""
+def predict(args: argparse.Namespace) -> tuple[list[dict], int, bool]:
+    """(one row per prediction, the number of inputs, whether the rows are the loader's own
+    flat rows): images, or the rows the checkpoint's data loader reads from each input (its
+    classmethod read_inputs); through its classmethod prediction_rows when it has one."""
     import data_loader.data_loaders as data_module
     from build import load_inference_model, weights_note
+    from utils.evaluation.predictions import image_paths, output_folder
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which (stdout holds the predictions)
         print(f"{args.resume}: {weights_note(state)}", file=sys.stderr)
     section = config["data_loader"]
     loader_class = config.lookup(data_module, section["type"], "data_loader.type")
+    # A loader's own rows (prediction_rows): printed and written as they come, flat.
+    flat = hasattr(loader_class, "prediction_rows")
+    out_dir = output_folder(args.out_dir, flat)
     if hasattr(loader_class, "read_inputs"):
-        return predict_rows(args, model, config, state, loader_class), len(args.inputs)
+        rows = predict_rows(args, model, config, state, loader_class, out_dir)
+        return rows, len(args.inputs), flat
     paths = image_paths(args.inputs)
-    return predict_images(args, paths, model, config, state), len(paths)
+    if flat:  # images through the run's evaluation transform, then the loader's rows
+        from build import input_transform
+        from data_loader.data_loaders import load_image
+
+        inputs = [input_transform(config)(load_image(str(path))) for path in paths]
+        names = [str(path) for path in paths]
+        rows = hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)
+        return rows, len(paths), flat
+    return predict_images(args, paths, model, config, state), len(paths), flat
 
 
 def predict_rows(
-    args: argparse.Namespace, model: object, config: object, state: dict, loader_class: type
+    args: argparse.Namespace,
+    model: object,
+    config: object,
+    state: dict,
+    loader_class: type,
+    out_dir: Path | None,
 ) -> list[dict]:
-    """For data that is not images: the rows loader_class.read_inputs reads from each input,
-    through the model; a classifier's top-k classes, else the output values of each row."""
+    """The rows loader_class.read_inputs reads from each input, through the model: the rows of
+    its prediction_rows when it has one (then read_inputs may give a list of inputs of any
+    shapes, e.g. images of several sizes), else a classifier's top-k classes, else the output
+    values of each row."""
     import torch
 
     from utils import UserError
+    from utils.evaluation.predictions import class_labels
 
     rows: list[dict] = []
     # The training data's input columns, which the inputs are read by (None: an older checkpoint).
     columns = state.get("feature_names")
-    if columns is None:
+    flat = hasattr(loader_class, "prediction_rows")
+    if columns is None and not flat:
         note = "no feature names (an older checkpoint): columns are read by position"
         print(f"warning: {args.resume}: {note}", file=sys.stderr)
     for text in args.inputs:
         names, inputs = loader_class.read_inputs(Path(text), config["data_loader"]["args"], columns)
+        if flat:
+            inputs = list(inputs)
+            rows += hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)
+            continue
         with torch.inference_mode():
             outputs = torch.cat(
                 [
@@ -194,6 +177,7 @@ def predict_images(
     from utils import UserError, amp_dtype
     from utils.data.batches import to_device
     from utils.distributed.device import capabilities, select_device
+    from utils.evaluation.predictions import class_labels
 
     transform = input_transform(config)
     # The device of this machine ("auto" with the run's n_gpu, whatever device the run named:
@@ -243,38 +227,44 @@ def predict_images(
     return rows
 
 
-def class_labels(state: dict, num_classes: int, path: str) -> list[str]:
-    """The checkpoint's class names; for older checkpoints (none saved), class indices."""
-    names = state.get("class_names") or []
-    if len(names) == num_classes:
-        return list(names)
-    found = f"{len(names)} class names" if names else "no class names (an older checkpoint)"
-    print(
-        f"warning: {path}: {found} for {num_classes} outputs; labels are class indices",
-        file=sys.stderr,
-    )
-    return [str(index) for index in range(num_classes)]
+def hooked_rows(
+    model: object,
+    state: dict,
+    loader_class: type,
+    names: list[str],
+    inputs: list,
+    batch_size: int,
+    out_dir: Path | None,
+) -> list[dict]:
+    """loader_class.prediction_rows of `inputs` (each (C, ...)) with the model's raw outputs on
+    the CPU, in batches of consecutive inputs of one shape (at most batch_size); each row printed."""
+    import torch
 
-
-def format_rows(rows: list[dict], suffix: str) -> str:
-    """JSON: the rows as they are; CSV: path, label_1, probability_1, label_2, ... (or for
-    outputs that are not classes, path, value_1, value_2, ...)"""
-    if suffix == ".json":
-        return json.dumps(rows, indent=2) + "\n"
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    if rows and "values" in rows[0]:
-        width = max(len(row["values"]) for row in rows)
-        writer.writerow(["path", *(f"value_{k}" for k in range(1, width + 1))])
-        writer.writerows([row["path"], *row["values"]] for row in rows)
-        return buffer.getvalue()
-    num_top = max((len(row["labels"]) for row in rows), default=0)
-    ranks = range(1, num_top + 1)
-    writer.writerow(["path", *(f"{name}_{k}" for k in ranks for name in ("label", "probability"))])
-    for row in rows:
-        pairs = zip(row["labels"], row["probabilities"], strict=True)
-        writer.writerow([row["path"], *(item for pair in pairs for item in pair)])
-    return buffer.getvalue()
+    rows: list[dict] = []
+    start = 0
+    while start < len(inputs):
+        end = start + 1  # the run of inputs of the first one's shape, up to a batch
+        while (
+            end < len(inputs)
+            and end - start < batch_size
+            and inputs[end].shape == inputs[start].shape
+        ):
+            end += 1
+        with torch.inference_mode():
+            outputs = model(torch.stack(inputs[start:end]))
+        if isinstance(outputs, torch.Tensor):  # logits; else as the model gives them (detections)
+            outputs = outputs.float()
+        batch_rows = loader_class.prediction_rows(
+            names[start:end],
+            outputs,
+            class_names=list(state.get("class_names") or []),
+            out_dir=out_dir,
+        )
+        for row in batch_rows:
+            print("  ".join(str(value) for value in row.values()))
+        rows += batch_rows
+        start = end
+    return rows
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--w
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -152,7 +153,10 @@ def evaluate_checkpoint(
         state["epoch"],
     )
     for key, value in metrics.items():
-        logger.info("  %-20s %.4f", key, value)
+        if key.count("/") < 2:  # <split>/<metric>; <split>/<metric>/<class> in the table below
+            logger.info("  %-20s %.4f", key, value)
+    for line in breakdown_table(metrics):
+        logger.info("  %s", line)
     results = {
         "checkpoint": str(path),
         "epoch": state["epoch"],
@@ -172,6 +176,26 @@ def evaluate_checkpoint(
         shown = ["n/a" if scores[key] is None else f"{scores[key]:.4f}" for key in SCORES]
         logger.info("  accuracy of %-10s %s  precision %s  F1 %s", name, *shown)
     return results, draw_confusion_matrix(counts, class_names), state["global_step"]
+
+
+def breakdown_table(metrics: dict[str, float]) -> list[str]:
+    """The metrics' breakdowns (<split>/<metric>/<class>, e.g. MeanIoU's per_class) as lines of a
+    table: a row per class, a column per metric; n/a where a class's value is not defined."""
+    columns: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        _, metric, *part = key.split("/", 2)
+        if part:
+            columns.setdefault(metric, {})[part[0]] = value
+    rows = list(dict.fromkeys(row for column in columns.values() for row in column))
+    if not rows:
+        return []
+    width = max(12, *(len(row) for row in rows))
+    lines = [f"{'class':<{width}}" + "".join(f"  {metric:>10}" for metric in columns)]
+    for row in rows:
+        cells = [column.get(row, math.nan) for column in columns.values()]
+        shown = ["n/a" if math.isnan(cell) else f"{cell:.4f}" for cell in cells]
+        lines.append(f"{row:<{width}}" + "".join(f"  {cell:>10}" for cell in shown))
+    return lines
 
 
 def check_feature_names(saved: list[str] | None, current: list[str], path: Path) -> None:

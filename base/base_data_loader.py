@@ -6,6 +6,7 @@ samplers, the loaders, and the checks and summary of the data before training.""
 
 import abc
 from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from utils.config.config_checks import SAMPLERS
 from utils.data import splits as data_splits
+from utils.data import targets as data_targets
 from utils.data.batches import Loader
 from utils.data.sampler import EpochSampler, TransformedDataset
 from utils.util import ConfigValueError, DataError
@@ -21,18 +23,21 @@ from utils.util import ConfigValueError, DataError
 class BaseDataLoader(abc.ABC):
     """Builds the train, validation and test DataLoaders.
 
-    The validation data is, first that applies: fold `fold` of `folds` (k-fold cross-validation,
-    a stratified seeded share of the training split); a seeded validation_split share of the
-    training split (a fraction or a count); the data's own "val" split, if the subclass has one.
-    It is never augmented. `sampler` draws the training data (see EpochSampler and SAMPLERS);
-    shuffle=False is the older spelling of sampler "sequential".
-    """
+    The validation data (never augmented) is, first that applies: fold `fold` of `folds` (k-fold,
+    stratified, seeded); a seeded validation_split share of the training split (a fraction or a
+    count); the data's own "val" split. `sampler` draws the training data (EpochSampler,
+    SAMPLERS); shuffle=False is the older spelling of sampler "sequential"."""
 
     splits: tuple[str, ...] = ("train", "test")
     # The normalisation the transform applies; the TensorBoard image grid undoes it.
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     preset: str | None = None  # transform()'s transforms.py preset: predict.py rebuilds it
+    ignore_index: int | None = None  # a target value that is no class, e.g. 255: unlabelled
+    # export.py: input/output names, and input dims besides the batch that vary ({1: "length"})
+    input_names: tuple[str, ...] = ("images",)
+    output_names: tuple[str, ...] = ("logits",)
+    dynamic_dims: ClassVar[dict[int, str]] = {}
 
     def __init__(
         self,
@@ -72,7 +77,7 @@ class BaseDataLoader(abc.ABC):
         self.rank, self.num_replicas = rank, num_replicas
         self.device = torch.device(device)  # the training device: device-side pipelines use it
         self._loaded: dict[str, Dataset] = {}
-        self._labels: dict[str, np.ndarray] = {}
+        self._target_classes: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # utils/data/targets
 
     def prepare_data(self) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Fetch what is missing (e.g. download it). train.py calls it on one process per node
@@ -85,6 +90,22 @@ class BaseDataLoader(abc.ABC):
     @abc.abstractmethod
     def transform(self, augment: bool) -> Callable:
         """Image -> normalised CHW float tensor; with augmentation for training."""
+
+    def pair_transform(self, augment: bool) -> Callable[[Any, Any], tuple[Any, Any]] | None:
+        """(input, target) -> both transformed together (e.g. one flip of an image and its mask),
+        drawing from the generator TransformedDataset seeds per sample: a function of (seed,
+        epoch, index), resume-exact. Default None: transform(augment) of the input alone."""
+        return None
+
+    def target_classes(self, target: Any) -> np.ndarray:
+        """The class indices one target holds, 1-D int64: [label] for a label, every element of
+        an integer tensor or image (a mask), ignore_index left out. Override it for other targets
+        (e.g. `return np.asarray(target["labels"])` for dicts of boxes)."""
+        values = np.asarray(target).reshape(-1)
+        if values.dtype.kind not in "iu":
+            raise TypeError(f"{values.dtype} values")
+        keep = values != self.ignore_index if self.ignore_index is not None else slice(None)
+        return values[keep].astype(np.int64, copy=False)
 
     @abc.abstractmethod
     def class_names(self) -> list[str]:
@@ -105,27 +126,13 @@ class BaseDataLoader(abc.ABC):
         return self._loaded[split]
 
     def labels(self, split: str) -> np.ndarray:
-        """The class label of every sample of `split`: the dataset's `targets` (torchvision's
-        name) when it has them, else read by loading every sample once. Only what needs classes
-        calls it: the weighted sampler, the folds, the class counts and the label check."""
-        if split not in self._labels:
-            dataset = self.dataset(split)
-            targets = getattr(dataset, "targets", None)
-            if targets is None:
-                targets = [label for _, label in dataset]
-            try:
-                self._labels[split] = np.asarray(targets, dtype=np.int64)
-            except (TypeError, ValueError):
-                raise DataError(
-                    f"{self.location(split)}: its targets are not class labels, which the "
-                    "weighted sampler and k-fold splits need"
-                ) from None
-        return self._labels[split]
+        """(N,) the one class label of each sample of `split` (target_classes of its target), for
+        the weighted sampler and the folds; other targets (masks, boxes) are refused in one line."""
+        return data_targets.sample_labels(self, split)
 
     def training_samples(self, limit: int | None = None, *, transformed: bool = False) -> list:
-        """The pairs of the training share, never validation data: what a model's fit_data fits
-        its statistics on. limit: a seeded random `limit` of them; transformed: as the model sees
-        them in evaluation (view(split, augment=False)), else untransformed."""
+        """The training share's pairs (what a model's fit_data fits on): a seeded random `limit`
+        of them; transformed: as view(split, augment=False) gives them, else untransformed."""
         indices, rng = self.split_indices()[0], np.random.default_rng([self.seed, 0xF17])
         if limit is not None and limit < len(indices):
             indices = rng.choice(indices, limit, replace=False)
@@ -138,10 +145,8 @@ class BaseDataLoader(abc.ABC):
         if self.folds:
             return self.fold_indices()
         num_samples = len(self.dataset("train"))
-        if isinstance(self.validation_split, float):
-            num_val = round(num_samples * self.validation_split)
-        else:
-            num_val = self.validation_split
+        share = self.validation_split  # a fraction of the samples, or a count
+        num_val = round(num_samples * share) if isinstance(share, float) else share
         if num_val >= num_samples:
             raise DataError(
                 f"data_loader.args.validation_split: {self.validation_split} leaves no training "
@@ -150,17 +155,16 @@ class BaseDataLoader(abc.ABC):
         return data_splits.holdout_split(num_samples, num_val, self.seed)
 
     def fold_indices(self) -> tuple[np.ndarray, np.ndarray]:
-        """(train, validation) indices of fold `fold` of `folds`: the training split dealt out
-        class by class, in a seeded order, to the folds in turn: disjoint, covering it, sizes and
-        each class's share within one sample (stratified)."""
+        """(train, validation) indices of fold `fold` of `folds`: the training split dealt out class
+        by class, seeded, to the folds in turn (stratified: sizes and class shares within one)."""
         if self.fold is None:
             raise DataError(
                 f"data_loader.args.fold: not set; choose which of the {self.folds} folds "
                 "validates, e.g. --set data_loader.args.fold=0"
             )
-        # Data without classes (a regression) is dealt out in the seeded order alone.
-        num_train = len(self.dataset("train"))
-        labels = self.labels("train") if self.class_names() else np.zeros(num_train, np.int64)
+        # Data without classes (regression) or one per sample (masks): dealt in seeded order alone.
+        stratified = self.class_names() and data_targets.has_sample_labels(self, "train")
+        labels = self.labels("train") if stratified else np.zeros(len(self.dataset("train")), int)
         if len(labels) < self.folds:
             raise DataError(
                 f"data_loader.args.folds: {self.folds} folds need at least {self.folds} training "
@@ -177,16 +181,13 @@ class BaseDataLoader(abc.ABC):
         return None
 
     def sample_ids(self, split: str) -> list[str] | None:
-        """What tells the samples of `split` apart, for fingerprint(): an image folder's file
-        names (relative to its root, with their labels), else its labels when the dataset has
-        `targets`, else None (then its size and the split's indices alone). Override it for data
-        whose files can change under the same count."""
+        """What tells the samples of `split` apart, for fingerprint(): an image folder's file names
+        (with labels), else the dataset's `targets`, else None (its size and indices alone)."""
         return data_splits.sample_ids(self.dataset(split))
 
     def fingerprint(self) -> dict:
-        """A cheap identity of the training and validation data: per split, its number of samples
-        and a digest of which samples it holds (their indices and sample_ids). A checkpoint keeps
-        it; a resume, or test.py --split val, on other data is refused (utils/state/resume.py)."""
+        """Per split, its size and a digest of its indices and sample_ids: a resume, or test.py
+        --split val, on other data than the checkpoint's is refused (utils/state/resume.py)."""
         digests = {}
         sources = {"train": ("train", self.split_indices()[0]), "val": self.validation_source()}
         for name, source in sources.items():
@@ -227,7 +228,8 @@ class BaseDataLoader(abc.ABC):
     def view(self, split: str, augment: bool) -> Dataset:
         """What the loaders of `split` read: (transformed input, target) pairs. Override it for
         other pairs, e.g. (noisy image, clean image) for denoising."""
-        return TransformedDataset(self.dataset(split), self.transform(augment))
+        pair = self.pair_transform(augment)
+        return TransformedDataset(self.dataset(split), self.transform(augment), pair)
 
     def train_loader(self, *, drop_last: bool = False) -> Loader:
         """The training loader of this rank. drop_last: leave out the short last batch of each
@@ -259,10 +261,15 @@ class BaseDataLoader(abc.ABC):
     def loader(
         self, split: str, sampler: EpochSampler, *, augment: bool, drop_last: bool = False
     ) -> Loader:
-        """The batches of `split` in `sampler`'s order, for train_loader and the evaluation loaders.
-        Another input pipeline overrides it (ImageDataLoader's "device" pipeline) with any
-        utils.data.batches.Loader: what the engine reads of a loader."""
-        return self.data_loader(self.view(split, augment), sampler, drop_last=drop_last)
+        """The batches of `split` in `sampler`'s order (train_loader, the evaluation loaders). Other
+        pipelines override it with any utils.data.batches.Loader (ImageDataLoader's "device")."""
+        dataset, collate_fn = self.view(split, augment), self.collate(split)
+        return self.data_loader(dataset, sampler, drop_last=drop_last, collate_fn=collate_fn)
+
+    def collate(self, split: str) -> Callable | None:
+        """The function that makes one batch of `split` from a list of view() samples, e.g. pads
+        sequences of unequal length (docs/data.md#batches). None: torch's default_collate."""
+        return None
 
     def data_loader(
         self,
@@ -287,14 +294,7 @@ class BaseDataLoader(abc.ABC):
         )
 
     def check(self, num_classes: int | None) -> None:
-        """Refuse training labels outside the model's `num_classes` outputs (None: unknown)."""
-        if num_classes is None:
-            return
-        labels = self.labels("train")
-        num_data_classes = max(len(self.class_names()), int(labels.max(initial=-1)) + 1)
-        if num_data_classes > num_classes:
-            raise DataError(
-                f"{self.location('train')}: {num_data_classes} classes, but arch.args.num_classes "
-                f"is {num_classes}: labels {num_classes} to {num_data_classes - 1} are outside "
-                f"the model's outputs; set arch.args.num_classes to {num_data_classes}"
-            )
+        """Refuse training targets with classes outside the model's `num_classes` outputs (None:
+        unknown), read through target_classes (labels, or every element of a mask)."""
+        if num_classes is not None:
+            data_targets.check_classes(self, num_classes)

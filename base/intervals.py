@@ -118,7 +118,12 @@ def log_epoch_line(
 ) -> None:
     """epoch 3/10  train/loss 0.52 ... val/accuracy 0.81  (12.1 s, 4120 samples/s, 1.2
     TFLOP/s, MFU 35 %, lr 0.01)  *best*"""
-    shown = {key: value for key, value in metrics.items() if not key.startswith("time/")}
+    # Not the timings, nor the metrics' breakdowns (val/iou/<class>): those go to the loggers.
+    shown = {
+        key: value
+        for key, value in metrics.items()
+        if not key.startswith("time/") and key.count("/") < 2
+    }
     summary = "  ".join(f"{key} {value:.4g}" for key, value in shown.items() if key != "lr")
     timing = [f"{metrics['time/epoch_seconds']:.1f} s",
               f"{metrics['time/train_samples_per_second']:.4g} samples/s"]  # fmt: skip

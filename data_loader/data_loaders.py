@@ -19,6 +19,9 @@ from data_loader.image_loader import ImageDataLoader, load_image, load_image_ten
 from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import SyntheticShapes
 from data_loader.tabular import TabularDataLoader
+from data_loader.tasks.detection import DetectionDataLoader
+from data_loader.tasks.segmentation import SegmentationDataLoader
+from data_loader.tasks.sequences import SequenceDataLoader
 from data_loader.transforms import IMAGE_SIZES, PRESETS, STATS, augmentation_policy
 from utils import ConfigValueError, describe_error
 from utils.data.sampler import EpochSampler
@@ -29,8 +32,11 @@ DECODERS = ("pil", "device")
 
 __all__ = [
     "Cifar10DataLoader",
+    "DetectionDataLoader",
     "ImageFolderDataLoader",
     "NoisyShapesDataLoader",
+    "SegmentationDataLoader",
+    "SequenceDataLoader",
     "SyntheticDataLoader",
     "TabularDataLoader",
 ]

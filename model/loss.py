@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-__all__ = ["cross_entropy", "mse_loss", "nll_loss"]
+__all__ = ["cross_entropy", "mse_loss", "nll_loss", "sum_of_losses"]
 
 
 def cross_entropy(
@@ -37,3 +37,14 @@ def same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> None:
             "differ in shape and would broadcast; give the target the output's shape (for one "
             "value a sample: targets (B, 1), e.g. target.unsqueeze(1) in the dataset)"
         )
+
+
+def sum_of_losses(output: dict[str, torch.Tensor], target: object) -> torch.Tensor:
+    """The sum of a dict of named 0-d losses: a model that computes its own losses (a detector's,
+    model/detector.py) returns them as `output`; `target` is not read again."""
+    if not isinstance(output, dict) or not output:
+        raise ValueError(
+            f"sum_of_losses: the output is a {type(output).__name__}, not a dict of losses; "
+            "a model that returns its own losses returns {name: 0-d tensor}"
+        )
+    return torch.stack(list(output.values())).sum()

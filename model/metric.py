@@ -5,29 +5,44 @@ batch's device. The trainer adds these sums and divides by the number of samples
 end of the epoch, so every sample weighs the same however the batches are cut (a short
 last batch does not count as much as a full one) and nothing syncs with the host per step.
 
-A metric that is not a mean of per-sample scores (RMSE, R², F1) is a StatefulMetric: the sums
-it needs, and its value from the epoch's totals (exact over batches and ranks alike). A class
-with torchmetrics' update/compute/reset works too (pip install torchmetrics, then e.g.
-`from torchmetrics.classification import MulticlassAUROC` here and in __all__; its state is
-not in mid-epoch checkpoints).
+A metric that is not a mean of per-sample scores (RMSE, R², F1, MeanIoU, PixelAccuracy) is a
+StatefulMetric: the sums it needs, and its value from the epoch's totals (exact over batches and
+ranks alike). A class with torchmetrics' update/compute/reset works too (pip install
+torchmetrics, then e.g. `from torchmetrics.classification import MulticlassAUROC` here and in
+__all__; its state is not in mid-epoch checkpoints).
 
 Each one refuses in one line an output and a target that do not fit, rather than broadcast
-them: class scores (B, C, ...) against class indices (B, ...) for accuracy, top-k and F1 (a
-segmentation's logits (B, C, H, W) against its masks (B, H, W): every pixel counts), one shape
-for both otherwise. None reads a value back to the host or makes a tensor whose size depends
-on the data (a boolean mask's, bincount's), so a step never waits for the GPU.
+them: class scores (B, C, ...) against class indices (B, ...) for accuracy, top-k, F1, MeanIoU
+and PixelAccuracy (a segmentation's logits (B, C, H, W) against its masks (B, H, W): every
+pixel counts; the last three, counted per class, are in model/class_metrics.py), one shape for
+both otherwise. None reads a value back to the host or makes a tensor whose size depends on the
+data (a boolean mask's, bincount's), so a step never waits for the GPU.
 """
 
 import fractions
 import math
+from typing import Any
 
 import torch
 
 from base import StatefulMetric
+from model.class_metrics import F1, MeanIoU, PixelAccuracy, check_class_scores, describe
+from utils.distributed.process_group import gather_objects, is_distributed
 from utils.evaluation.metric_sums import sum_dtype
-from utils.util import DataError
+from utils.util import ConfigValueError, DataError
 
-__all__ = ["F1", "R2", "RMSE", "accuracy", "psnr", "top_5_acc", "top_k_acc"]
+__all__ = [
+    "F1",
+    "R2",
+    "RMSE",
+    "MeanAveragePrecision",
+    "MeanIoU",
+    "PixelAccuracy",
+    "accuracy",
+    "psnr",
+    "top_5_acc",
+    "top_k_acc",
+]  # fmt: skip
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -127,37 +142,6 @@ class R2(StatefulMetric):
         return float(1 - squared_errors / spread) if spread > 0 else float("nan")
 
 
-class F1(StatefulMetric):
-    """Macro F1 of a classifier, logits (B, C, ...) against class indices (B, ...): per class
-    2TP / (2TP + FP + FN), averaged over the classes that occur as targets or predictions
-    (scikit-learn's f1_score(average="macro") over every element)."""
-
-    def __init__(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.num_sums = 3 * num_classes  # per class: true positives, predicted, actual
-
-    def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        check_class_scores(output, target, "F1", self.num_classes)
-        predicted = output.argmax(dim=1).reshape(-1)  # (N,): every element's class
-        target = target.reshape(-1).long()
-        classes = self.num_classes
-        # Counted into fixed slots with scatter_add_, as ConfusionMatrix does: a boolean mask's
-        # or bincount's size depends on the data, and reading it would wait for the GPU.
-        slots = torch.cat([predicted, classes + predicted, 2 * classes + target])
-        ones = torch.ones_like(predicted)
-        counts = torch.cat([(predicted == target).long(), ones, ones])
-        sums = torch.zeros(3 * classes, dtype=torch.int64, device=output.device)
-        return sums.scatter_add_(0, slots, counts)
-
-    def compute(self, sums: list[float]) -> float:
-        classes = self.num_classes
-        hits, predicted, actual = sums[:classes], sums[classes : 2 * classes], sums[2 * classes :]
-        scores = [
-            2 * tp / (p + a) for tp, p, a in zip(hits, predicted, actual, strict=True) if p + a
-        ]
-        return sum(scores) / len(scores) if scores else float("nan")
-
-
 def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(high, low) with values = high + low exactly, high rounded to 12 significant bits (Dekker's
     split); for float32 values held in float64, low has at most 12 bits too."""
@@ -174,24 +158,6 @@ def share_per_sample(hits: torch.Tensor) -> torch.Tensor:
     return hits.sum().to(sum_dtype(hits.device)) / math.prod(hits.shape[1:])
 
 
-def check_class_scores(
-    output: torch.Tensor, target: torch.Tensor, name: str, num_classes: int | None = None
-) -> None:
-    """Refuse what is not class scores (B, C, ...) against integer class indices (B, ...)."""
-    fits = (
-        output.dim() >= 2
-        and target.shape == output.shape[:1] + output.shape[2:]
-        and not target.is_floating_point()
-        and num_classes in (None, output.shape[1])
-    )
-    if not fits:
-        classes = "C" if num_classes is None else str(num_classes)
-        raise DataError(
-            f"{name}: needs class scores (B, {classes}, ...) and integer class indices "
-            f"(B, ...), got an output {describe(output)} and a target {describe(target)}"
-        )
-
-
 def check_same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> None:
     """Refuse an output and a target of other shapes: (B, 1) against (B,) would broadcast to
     (B, B) and compare every output with every target."""
@@ -203,6 +169,57 @@ def check_same_shape(output: torch.Tensor, target: torch.Tensor, name: str) -> N
         )
 
 
-def describe(tensor: torch.Tensor) -> str:
-    """ "(32, 1) float32": a tensor's shape and dtype, for messages."""
-    return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
+class MeanAveragePrecision:
+    """A detector's mean average precision over every detection of the epoch: torchmetrics'
+    MeanAveragePrecision (an optional extra: pip install -e ".[detection]", torchmetrics and
+    pycocotools). The output is B dicts {"boxes" (N, 4) xyxy, "scores" (N,), "labels" (N,)}, the
+    target B dicts {"boxes", "labels"}. iou_threshold: the IoU a detection needs to count (0.5:
+    mAP@0.5, the PASCAL VOC measure); None: COCO's mean over 0.5, 0.55, ..., 0.95.
+
+    Under torchrun every rank's detections are gathered and scored at once here: torchmetrics'
+    own sync gathers its per-image lists one tensor at a time, which needs as many images on
+    every rank (an uneven validation split is not). Its state is not in mid-epoch checkpoints:
+    name it for validation, where detectors make detections (trainer/detection.py)."""
+
+    def __init__(self, iou_threshold: float | None = 0.5, backend: str = "pycocotools") -> None:
+        self.iou_threshold, self.backend = iou_threshold, backend
+        self.metric = self.reference()  # refuses a missing backend before anything is written
+        self.images: list[tuple[dict, dict]] = []  # under torchrun: (output, target) per image
+
+    def reference(self) -> Any:
+        """torchmetrics' metric, which scores what it is given without syncing the ranks."""
+        try:
+            from torchmetrics.detection import MeanAveragePrecision as Reference
+
+            thresholds = None if self.iou_threshold is None else [self.iou_threshold]
+            return Reference(iou_thresholds=thresholds, backend=self.backend, sync_on_compute=False)
+        except (ImportError, ValueError) as error:  # ModuleNotFoundError: a missing backend
+            raise ConfigValueError(
+                f"MeanAveragePrecision: {str(error).splitlines()[0]} (the extra: pip install "
+                '-e ".[detection]")'
+            ) from None
+
+    def to(self, device: torch.device) -> "MeanAveragePrecision":
+        self.metric = self.metric.to(device)
+        return self
+
+    def update(self, output: list[dict], target: list[dict]) -> None:
+        self.metric.update(output, target)  # checks the dicts' keys, shapes and dtypes
+        if is_distributed():  # kept on the CPU for the gathering at compute()
+            cpu = [{key: value.detach().cpu() for key, value in item.items()} for item in output]
+            truth = [{key: value.cpu() for key, value in item.items()} for item in target]
+            self.images += zip(cpu, truth, strict=True)
+
+    def compute(self) -> torch.Tensor:
+        if not is_distributed():
+            return self.metric.compute()["map"]
+        images = [image for rank in gather_objects(self.images) for image in rank]
+        everything = self.reference()
+        if images:
+            outputs, targets = zip(*images, strict=True)
+            everything.update(list(outputs), list(targets))
+        return everything.compute()["map"]
+
+    def reset(self) -> None:
+        self.metric.reset()
+        self.images = []

@@ -6,11 +6,23 @@ import torch
 from torch import nn
 
 from base import BaseModel
+from model.detector import TinyDetector  # in __all__ too
 from model.fast_cifar import FastCifarCNN  # in __all__: configs name it here
+from model.sequence import GRUClassifier  # in __all__ too
 from model.torchvision_model import TorchvisionModel  # in __all__ too
+from model.unet import UNet  # in __all__ too
 from utils import ConfigValueError
 
-__all__ = ["CifarCNN", "DenoisingCNN", "FastCifarCNN", "TabularMLP", "TorchvisionModel"]
+__all__ = [
+    "CifarCNN",
+    "DenoisingCNN",
+    "FastCifarCNN",
+    "GRUClassifier",
+    "TabularMLP",
+    "TinyDetector",
+    "TorchvisionModel",
+    "UNet",
+]
 
 
 class CifarCNN(BaseModel):

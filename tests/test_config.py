@@ -508,7 +508,8 @@ def test_shortcut_value_is_validated(make_config):
         (
             "metrics",
             "accuracy",
-            'metrics: must be a list of distinct metric names or {"type": NAME, "args": {...}}, got "accuracy"',
+            'metrics: must be a list of metric names or {"type": NAME, "name": KEY, "args": {...}}, '
+            'each name or KEY letters, digits and "_", not "loss" nor "ema_...", got "accuracy"',
         ),
         ("loss", "", 'loss: must be a non-empty string, got ""'),
         ("foo", 1, "foo: unknown key (known: name, device, n_gpu, seed, arch, "),

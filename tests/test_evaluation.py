@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import NUM_EXAMPLES, ROOT
@@ -16,11 +17,22 @@ from hypothesis import strategies as st
 from torch import nn
 
 import model.metric as metric_module
+from base import StatefulMetric
 from data_loader.data_loaders import NoisyShapesDataLoader
-from model.metric import F1, R2, RMSE, accuracy, psnr, top_5_acc, top_k_acc
+from model.metric import (
+    F1,
+    R2,
+    RMSE,
+    MeanIoU,
+    PixelAccuracy,
+    accuracy,
+    psnr,
+    top_5_acc,
+    top_k_acc,
+)
 from utils.evaluation.metric_sums import MetricSums, StepOutput, to_metrics
 from utils.evaluation.tta import AverageOverViews
-from utils.util import DataError
+from utils.util import ConfigValueError, DataError, UserError
 
 # Every metric model/metric.py ships, built as a config names it.
 SHIPPED = {
@@ -31,8 +43,13 @@ SHIPPED = {
     "RMSE": RMSE(),
     "R2": R2(),
     "F1": F1(num_classes=4),
+    "MeanIoU": MeanIoU(num_classes=4),
+    "PixelAccuracy": PixelAccuracy(num_classes=4),
 }
-CLASSIFICATION = ("accuracy", "top_k_acc", "top_5_acc", "F1")
+CLASSIFICATION = ("accuracy", "top_k_acc", "top_5_acc", "F1", "MeanIoU", "PixelAccuracy")
+# Metrics of detections (lists of dicts, not tensors), which keep their own state: tested against
+# torchmetrics for any batch cut and on two ranks in tests/test_task_detection.py.
+DETECTION = ("MeanAveragePrecision",)
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -42,6 +59,14 @@ def value_over(
     """The metric over the samples in split["order"], cut into batches at split["cuts"], the
     batches dealt out to split["num_ranks"] ranks in turn: each rank's sums, added together as
     the all-reduce does. Without a split: one batch of the samples in order, one rank."""
+    return metrics_over(metric, output, target, split)["val/m"]
+
+
+def metrics_over(
+    metric: object, output: torch.Tensor, target: torch.Tensor, split: dict | None = None
+) -> dict[str, float]:
+    """What value_over computes, as the engine logs it: {"val/m": value, "val/m/<part>": ...,
+    "val/loss", "val/num_samples"}, the metric's breakdown included."""
     split = split or {"order": list(range(len(target))), "cuts": [], "num_ranks": 1}
     order = split["order"]
     output, target = output[order], target[order]
@@ -53,7 +78,7 @@ def value_over(
         for batch_output, batch_target in batches[rank :: split["num_ranks"]]:
             sums.add(StepOutput(loss=torch.zeros(()), output=batch_output, target=batch_target))
         totals = totals + sums.all_ranks()  # a rank without batches adds zeros
-    return to_metrics(totals, {"m": metric}, "val")["val/m"]
+    return to_metrics(totals, {"m": metric}, "val")
 
 
 @st.composite
@@ -191,6 +216,186 @@ def test_classification_metrics_equal_the_references_whatever_the_batches(num_ex
     check()
 
 
+def confusion_reference(
+    predicted: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int | None
+) -> dict[str, object]:
+    """IoU per class, mean IoU and pixel accuracy from a numpy confusion matrix of the whole
+    split, elements whose target is ignore_index (and that class) left out; nan: undefined."""
+    predicted, target = predicted.ravel().numpy(), target.ravel().numpy()
+    kept = target != ignore_index if ignore_index is not None else np.ones(len(target), bool)
+    matrix = np.zeros((num_classes, num_classes), np.int64)  # [true class, predicted class]
+    np.add.at(matrix, (target[kept], predicted[kept]), 1)
+    hits, actual, guessed = np.diag(matrix), matrix.sum(axis=1), matrix.sum(axis=0)
+    scored = [index for index in range(num_classes) if index != ignore_index]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        iou = hits / (actual + guessed - hits)  # nan for a class neither true nor predicted
+        recall = hits / actual
+    present = [index for index in scored if not np.isnan(iou[index])]
+    return {
+        "iou": {index: float(iou[index]) for index in scored},
+        "recall": {index: float(recall[index]) for index in scored},
+        "mean_iou": float(iou[present].mean()) if present else math.nan,
+        "accuracy": float(hits.sum() / actual.sum()) if actual.sum() else math.nan,
+    }
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_dense_metrics_equal_torchmetrics_whatever_the_batches(num_examples):
+    """MeanIoU and PixelAccuracy of logits (B, C, ...) against masks (B, ...), with and without
+    an ignore_index (a void label outside the classes, or a class such as the background): equal
+    to torchmetrics' MulticlassJaccardIndex(average="macro") / MulticlassAccuracy(average="micro")
+    and, per class, to a numpy confusion matrix of the whole split, whatever the batch cuts, the
+    order and the number of ranks (each rank's sums added as the all-reduce does)."""
+    classification = pytest.importorskip("torchmetrics.functional.classification")
+
+    @settings(max_examples=num_examples)
+    @given(
+        num_samples=st.integers(1, 12),
+        num_classes=st.integers(2, 5),
+        pixels=st.lists(st.integers(1, 5), max_size=2),
+        ignore=st.sampled_from(["none", "void", "class"]),
+        dtype=st.sampled_from(FLOATS),
+        seed=st.integers(0, 2**16),
+        data=st.data(),
+    )
+    def check(num_samples, num_classes, pixels, ignore, dtype, seed, data):
+        generator = torch.Generator().manual_seed(seed)
+        logits = torch.randn(num_samples, num_classes, *pixels, generator=generator).to(dtype)
+        target = torch.randint(num_classes, (num_samples, *pixels), generator=generator)
+        ignore_index = {
+            "none": None,
+            "void": 255,
+            "class": data.draw(st.integers(0, num_classes - 1)),
+        }[ignore]
+        if ignore == "void":  # about a fifth of the elements unlabelled
+            target[torch.rand(target.shape, generator=generator) < 0.2] = 255
+        names = [f"class_{index}" for index in range(num_classes)]
+        predicted = logits.argmax(dim=1)  # what both compare: ties resolved alike
+        reference = confusion_reference(predicted, target, num_classes, ignore_index)
+        options = {"num_classes": num_classes, "ignore_index": ignore_index, "average": "macro"}
+        torchmetrics_iou = classification.multiclass_jaccard_index(predicted, target, **options)
+        options["average"] = "micro"
+        torchmetrics_accuracy = classification.multiclass_accuracy(predicted, target, **options)
+        split = data.draw(splits(num_samples))
+        for metric, value, per_class, theirs in [
+            (MeanIoU, reference["mean_iou"], reference["iou"], torchmetrics_iou),
+            (PixelAccuracy, reference["accuracy"], reference["recall"], torchmetrics_accuracy),
+        ]:
+            built = metric(num_classes, ignore_index, per_class=True, class_names=names)
+            whole = metrics_over(built, logits, target)
+            assert close(whole["val/m"], value, 1e-12), (metric, whole, value)
+            expected_parts = {f"val/m/class_{index}": part for index, part in per_class.items()}
+            parts = {key: part for key, part in whole.items() if key.startswith("val/m/")}
+            assert parts.keys() == expected_parts.keys()
+            assert all(close(parts[key], expected_parts[key], 1e-12) for key in parts), parts
+            if not math.isnan(value):  # torchmetrics: 0 where nothing is scored; float32
+                assert abs(whole["val/m"] - theirs.item()) < 1e-6, (metric, whole, theirs)
+            cut = metrics_over(built, logits, target, split)  # integer counts: exact
+            assert cut.keys() == whole.keys()
+            assert all(close(cut[key], whole[key], 0.0) for key in whole), (cut, whole)
+
+    check()
+
+
+def test_mean_iou_of_a_small_mask_by_hand():
+    """Two images of 2 x 2 pixels, classes 0 (background), 1, 2 and the void label 255."""
+    target = torch.tensor([[[0, 0], [1, 255]], [[2, 2], [1, 0]]])  # (2, 2, 2)
+    predicted = torch.tensor([[[0, 1], [1, 2]], [[2, 0], [1, 0]]])
+    logits = torch.nn.functional.one_hot(predicted, 3).permute(0, 3, 1, 2).float()  # (2, 3, 2, 2)
+    # Without the void pixel: class 0: 2 hits of 3 true, 3 predicted (IoU 2/4); class 1: 2 of 2,
+    # 3 predicted (2/3); class 2: 1 of 2, 1 predicted (1/2). Right: 5 of 7 pixels.
+    iou = MeanIoU(3, ignore_index=255, per_class=True, class_names=["bg", "cat", "dog"])
+    values = metrics_over(iou, logits, target)
+    assert values["val/m"] == pytest.approx((1 / 2 + 2 / 3 + 1 / 2) / 3, rel=1e-12)
+    assert [values[f"val/m/{name}"] for name in ("bg", "cat", "dog")] == [0.5, 2 / 3, 0.5]
+    assert value_over(PixelAccuracy(3, ignore_index=255), logits, target) == 5 / 7
+    # The foreground alone (ignore_index 0; the void pixel now labelled 1, predicted 2): the
+    # background's pixels out, class 1: 2 hits of 3 true, 2 predicted (IoU 2/3); class 2: 1 of 2
+    # true, 2 predicted (1/3).
+    target[0, 1, 1] = 1
+    foreground = metrics_over(MeanIoU(3, ignore_index=0, per_class=True), logits, target)
+    assert foreground == pytest.approx(
+        {"val/loss": 0.0, "val/m": (2 / 3 + 1 / 3) / 2, "val/m/1": 2 / 3, "val/m/2": 1 / 3,
+         "val/num_samples": 2.0}, rel=1e-12
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("metric", [MeanIoU, PixelAccuracy, F1])
+def test_targets_that_are_no_class_are_refused_in_one_line_without_a_device_assert(metric):
+    """A void label 255 without ignore_index: counted (scatter_add_ with it would be an index
+    out of range, a device-side assert on a GPU) and refused when the split's value is read."""
+    logits = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    masks = torch.randint(3, (2, 4, 4), generator=torch.Generator().manual_seed(1))
+    masks[0, 0, :2], masks[1, 3, 3] = 255, -1
+    sums = MetricSums({"m": metric(3)}, torch.device("cpu"))
+    sums.add(StepOutput(loss=torch.zeros(()), output=logits, target=masks))
+    with pytest.raises(DataError) as error:
+        sums.result("val")
+    assert str(error.value) == (
+        f"{metric.__name__}: 3 targets were outside the classes 0..2; a label for unlabelled "
+        "pixels (e.g. 255) needs ignore_index, more classes need num_classes"
+    )
+    with pytest.raises(DataError, match=r": 1 targets were outside the classes 0..2 nor "):
+        value_over(metric(3, ignore_index=255), logits, masks)  # the -1 is still no class
+    masks[1, 3, 3] = 255
+    assert 0 <= value_over(metric(3, ignore_index=255), logits, masks) <= 1
+
+
+def test_a_mid_epoch_checkpoint_of_other_metrics_is_refused_in_one_line():
+    """Its sums (F1 of 3 classes: 9 counts, before the count of targets outside the classes)
+    cannot be added to those of the metrics now: one line, not a broadcast error."""
+    saved = {"totals": torch.zeros(11, dtype=torch.float64), "logged": torch.zeros(11)}
+    with pytest.raises(UserError) as error:
+        MetricSums({"F1": F1(3)}, torch.device("cpu"), saved)
+    assert str(error.value) == (
+        "the mid-epoch checkpoint kept 9 metric sums, the metrics configured now take 10: resume "
+        "with the metrics it was saved with, or from a checkpoint saved at the end of an epoch"
+    )
+    fitting = {"totals": torch.ones(12, dtype=torch.float64), "logged": torch.zeros(12)}
+    assert MetricSums({"F1": F1(3)}, torch.device("cpu"), fitting).totals.tolist() == [1.0] * 12
+
+
+class Share(StatefulMetric):
+    """A toy: the share of positive outputs, with (breakdown) the counts it came from."""
+
+    num_sums = 2
+
+    def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(output > 0).sum(), output.new_full((), output.numel())])
+
+    def compute(self, sums: list[float]) -> float:
+        return sums[0] / sums[1]
+
+
+class ShareAndCounts(Share):
+    def breakdown(self, sums: list[float]) -> dict[str, float]:
+        return {"positive": sums[0], "all": sums[1]}
+
+
+def test_a_stateful_metric_logs_its_breakdown_beside_its_value():
+    """StatefulMetric.breakdown: by default nothing; else each value as <split>/<metric>/<key>,
+    from the same summed counts as the metric's own value."""
+    output = torch.tensor([[1.0], [-1.0], [2.0], [0.5]])
+    split = {"order": [3, 2, 1, 0], "cuts": [1, 2], "num_ranks": 2}
+    plain = metrics_over(Share(), output, output, split)
+    assert plain == {"val/loss": 0.0, "val/m": 0.75, "val/num_samples": 4.0}
+    with_parts = metrics_over(ShareAndCounts(), output, output, split)
+    assert with_parts == {**plain, "val/m/positive": 3.0, "val/m/all": 4.0}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"num_classes": 0}, r"num_classes: must be an integer >= 1, got 0"),
+        ({"num_classes": 3, "ignore_index": 1.5}, r"ignore_index: must be an integer or null"),
+        ({"num_classes": 3, "class_names": ["a", "b"]}, r"num_classes is 3 but class_names .* 2"),
+    ],
+)
+def test_dense_metric_arguments_that_cannot_work_are_refused(args, message):
+    with pytest.raises(ConfigValueError, match=message):
+        MeanIoU(**args)
+
+
 @pytest.mark.parametrize(("mean", "spread"), [(300.0, 1.0), (1e4, 1.0), (1e6, 1.0)])
 def test_r2_of_targets_with_a_large_mean_is_exact(mean, spread):
     """The reported example: float32 sums of y and y^2 cancelled (error 3.6e-4 at mean 300, 0.051
@@ -232,6 +437,9 @@ def test_accuracy_of_a_segmentation_counts_pixels():
         ("top_5_acc", (8,), (8,), r"top_5_acc: needs class scores"),
         ("accuracy", (8, 3), "float", r"accuracy: .* a target \(8,\) float32"),
         ("F1", (8, 3), (8,), r"F1: needs class scores \(B, 4, \.\.\.\)"),
+        ("MeanIoU", (8, 3, 4, 4), (8, 4, 4), r"MeanIoU: needs class scores \(B, 4, \.\.\.\)"),
+        ("PixelAccuracy", (8, 4, 4, 4), (8, 4), r"PixelAccuracy: needs class scores .* a "
+         r"target \(8, 4\) int64"),
     ],
 )  # fmt: skip
 def test_shapes_that_would_broadcast_are_refused_in_one_line(name, output, target, message):
@@ -249,7 +457,7 @@ def test_shapes_that_would_broadcast_are_refused_in_one_line(name, output, targe
 
 
 def test_every_shipped_metric_is_tested_here():
-    assert set(SHIPPED) == set(metric_module.__all__)
+    assert set(SHIPPED) | set(DETECTION) == set(metric_module.__all__)
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

@@ -136,8 +136,8 @@ def test_a_parity_failure_writes_nothing(demo_checkpoint, tmp_path, capsys, monk
     out = tmp_path / "model.pt2"
     exporter = export.EXPORTERS["export"]
 
-    def off_by_a_little(model, inputs, path):
-        run_file = exporter(model, inputs, path)
+    def off_by_a_little(model, inputs, path, signature):
+        run_file = exporter(model, inputs, path, signature)
         return lambda images: run_file(images) + 1e-3
 
     monkeypatch.setitem(export.EXPORTERS, "export", off_by_a_little)

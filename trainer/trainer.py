@@ -80,10 +80,27 @@ class Trainer(BaseTrainer):
         # fork the RNG so that the run's own stream is untouched.
         dataset = self.train_loader.dataset
         with torch.random.fork_rng(devices=[]):
-            images = torch.stack([dataset[index][0] for index in range(min(32, len(dataset)))])
-        if images.dim() != 4 or images.shape[1] != len(self.data.mean):
-            return  # not images (B, C, H, W): e.g. vectors of features
+            samples = [dataset[index] for index in range(min(32, len(dataset)))]
+        inputs = [item[0] if isinstance(item, tuple | list) else item for item in samples]
+        # Only images (C, H, W) of one shape stack into a grid: not rows of features, nor
+        # sequences of unequal length, nor inputs that are not one tensor.
+        if not all(is_image(item, len(self.data.mean)) for item in inputs) or (
+            len({item.shape for item in inputs}) != 1
+        ):
+            self.logger.info("No TensorBoard input grid: the inputs are not images of one shape.")
+            return
+        images = torch.stack(inputs)  # (B, C, H, W)
         mean = torch.tensor(self.data.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.data.std).view(1, -1, 1, 1)
         grid = torchvision.utils.make_grid((images * std + mean).clamp(0, 1), nrow=8)
         self.loggers.log_image("train/inputs", grid, self.global_step)
+
+
+def is_image(item: Any, num_channels: int) -> bool:
+    """Whether a sample's input is an image the grid can show: a float tensor (C, H, W)."""
+    return (
+        isinstance(item, torch.Tensor)
+        and item.is_floating_point()
+        and item.dim() == 3
+        and item.shape[0] == num_channels
+    )

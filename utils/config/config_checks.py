@@ -59,7 +59,9 @@ STRING_LIST: Check = (
     lambda v: isinstance(v, list) and all(isinstance(item, str) for item in v),
     "a list of strings",
 )
-# metrics: names, or {"type": NAME, "args": {...}} for a metric with arguments.
+# metrics: names, or {"type": NAME, "name": KEY, "args": {...}} for a metric with arguments; KEY
+# (by default NAME) is its key, val/<KEY>, so one type may appear twice with other arguments.
+METRIC_KEY = re.compile(r"(?!ema_)\w+")  # a key not read as the averaged weights' val/ema_<KEY>
 METRICS: Check = (
     lambda v: (
         isinstance(v, list)
@@ -67,15 +69,17 @@ METRICS: Check = (
             isinstance(item, str)
             or (
                 isinstance(item, dict)
-                and set(item) <= {"type", "args"}
+                and set(item) <= {"type", "name", "args"}
                 and isinstance(item.get("type"), str)
+                and isinstance(item.get("name", ""), str)
                 and isinstance(item.get("args", {}), dict)
             )
             for item in v
         )
-        and len(metric_names(v)) == len(set(metric_names(v)))
+        and all(METRIC_KEY.fullmatch(name) and name != "loss" for name in metric_names(v))
     ),
-    'a list of distinct metric names or {"type": NAME, "args": {...}}',
+    'a list of metric names or {"type": NAME, "name": KEY, "args": {...}}, each name or KEY '
+    'letters, digits and "_", not "loss" nor "ema_..."',
 )
 VERBOSITY: Check = (lambda v: v in (0, 1, 2) and not isinstance(v, bool), "0, 1 or 2")
 # A fraction of the training set in [0, 1), or a number of samples.
@@ -171,7 +175,21 @@ def key(default: Any, check: Check | None, doc: str) -> Any:
 
 def metric_names(metrics: list) -> list[str]:
     """The names of the config's metrics (their keys: val/<name>), entries given either way."""
-    return [item if isinstance(item, str) else item.get("type") for item in metrics]
+    return [
+        item if isinstance(item, str) else item.get("name", item.get("type")) for item in metrics
+    ]
+
+
+def check_metric_names(metrics: list, source: str) -> None:
+    """Refuse two metrics of one name: the second would overwrite the first's val/<name>."""
+    names = metric_names(metrics)
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise ConfigError(
+                f'{source}: metrics[{index}]: a second metric named "{name}" (val/{name}); give '
+                'each entry of one type its own "name", e.g. {"type": ..., "name": '
+                f'"{name}_2", "args": {{...}}}}'
+            )
 
 
 def check_strategy(config: dict, source: str) -> None:

@@ -23,7 +23,14 @@ from config_schema import (
     Section,
     TrainerConfig,
 )
-from utils.config.config_checks import PARAM_KINDS, PREFIX_LIST, Check, check_strategy, metric_names
+from utils.config.config_checks import (
+    PARAM_KINDS,
+    PREFIX_LIST,
+    Check,
+    check_metric_names,
+    check_strategy,
+    metric_names,
+)
 from utils.config.monitor import parse_monitor
 from utils.util import ConfigError
 
@@ -142,6 +149,7 @@ def validate(config: dict, source: str) -> dict:
     config = with_defaults(config)
     _check_section(config, Config, "", source)
     check_strategy(config, source)
+    check_metric_names(config["metrics"], source)
     ema = config["trainer"]["ema_decay"] is not None
     parse_monitor(config["trainer"]["monitor"], metric_names(config["metrics"]), source, ema=ema)
     return config

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch.utils.data import Sampler
 
+from utils.data import targets as data_targets
 from utils.data.sampler import EpochSampler
 
 if TYPE_CHECKING:
@@ -26,9 +27,12 @@ def log_data_summary(
     names = data.class_names()  # none for data without classes (e.g. denoising)
 
     def counts(split: str, indices: np.ndarray) -> str:
-        return (
-            class_counts(data.labels(split)[indices], names) if names else f"{len(indices)} samples"
-        )
+        if not names:
+            return f"{len(indices)} samples"
+        # Per class: its samples (one label each) or its occurrences in the targets (masks).
+        found = data_targets.class_counts(data, split, indices, len(names))
+        unit = "" if data_targets.has_sample_labels(data, split) else "occurrences in the targets"
+        return class_counts(found, names, len(indices), unit)
 
     train_indices, _ = data.split_indices()
     logger.info("Training data: %s", counts("train", train_indices))
@@ -40,8 +44,8 @@ def log_data_summary(
             describe_validation(data),
             counts(split, indices),
         )
-        labels = data.labels(split)[indices] if names else np.array([])
-        missing = [name for label, name in enumerate(names) if not np.any(labels == label)]
+        found = data_targets.class_counts(data, split, indices, len(names)) if names else []
+        missing = [name for label, name in enumerate(names) if not found[label]]
         if missing:
             logger.warning(
                 "The validation data has no samples of %d class(es): %s; their accuracy is not "
@@ -105,9 +109,10 @@ def describe_sampler(data: "BaseDataLoader", sampler: EpochSampler) -> str:
     return text
 
 
-def class_counts(labels: np.ndarray, names: list[str]) -> str:
-    """'N samples; per class: cat 3, dog 5' (for many classes only the fewest and the most)."""
-    counts = np.bincount(labels, minlength=len(names))
+def class_counts(counts: np.ndarray, names: list[str], num_samples: int, unit: str = "") -> str:
+    """'N samples; per class: cat 3, dog 5' from each class's count (for many classes only the
+    fewest and the most); `unit` says what is counted when it is not samples."""
+    counts = counts[: len(names)]  # labels past the names are refused by the label check
     if len(names) <= MAX_LISTED_CLASSES:
         per_class = ", ".join(
             f"{name} {count}" for name, count in zip(names, counts.tolist(), strict=False)
@@ -118,7 +123,7 @@ def class_counts(labels: np.ndarray, names: list[str]) -> str:
             f"from {counts[fewest]} ({names[fewest]}) to {counts[most]} ({names[most]}) "
             f"over {len(names)} classes"
         )
-    return f"{len(labels)} samples; per class: {per_class}"
+    return f"{num_samples} samples; per class{f' ({unit})' if unit else ''}: {per_class}"
 
 
 def class_shares(labels: np.ndarray, names: list[str]) -> str:

@@ -180,26 +180,41 @@ def mix(base: int, position: int) -> int:
 
 
 class TransformedDataset(Dataset):
-    """A view of `dataset` with `transform` applied to each image; shares the underlying data.
-    A SeededIndex (training) seeds the transform's random draws, apart from the process's own
-    random numbers (dropout keeps its stream)."""
+    """A view of `dataset` with `transform` applied to each input, or `pair_transform` to each
+    (input, target) together (BaseDataLoader.pair_transform); shares the underlying data.
+    A SeededIndex (training) seeds the transforms' random draws, apart from the process's own
+    random numbers (dropout keeps its stream): a pair's augmentation is a function of (seed,
+    epoch, pass, position) in every process, after a resume too."""
 
-    def __init__(self, dataset: Dataset, transform: Callable) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        transform: Callable,
+        pair_transform: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+    ) -> None:
         self.dataset = dataset
         self.transform = transform
+        self.pair_transform = pair_transform
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = self.dataset[index]
+    def apply(self, image: Any, target: Any) -> tuple[Any, Any]:
+        """(input, target) through pair_transform, else (transform(input), target)."""
+        if self.pair_transform is not None:
+            return self.pair_transform(image, target)
+        return self.transform(image), target
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        image, target = self.dataset[index]
         seed = getattr(index, "seed", None)
         if seed is None:
-            return self.transform(image), label
+            return self.apply(image, target)
         with torch.random.fork_rng(devices=[]):
             # The CPU generator alone, which the transforms draw from: torch.manual_seed also
             # seeds every other device's and costs 200 us, a sixth of decoding a CIFAR JPEG.
             torch.default_generator.manual_seed(seed)
-            image = self.transform(image)
+            image, target = self.apply(image, target)
         # Alternating flips: after the transform (crop, then flip, as the device pipeline does).
-        return (image.flip(-1) if getattr(index, "flip", None) else image), label
+        # They flip the input alone (ImageDataLoader's classifiers set them, not pair data).
+        return (image.flip(-1) if getattr(index, "flip", None) else image), target

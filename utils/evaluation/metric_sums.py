@@ -9,6 +9,7 @@ import torch
 
 from utils.distributed.device import capabilities
 from utils.distributed.process_group import all_reduce_max, all_reduce_sum
+from utils.util import UserError
 
 # A metric takes a step's output and target and returns the SUM of a per-sample score over the
 # batch, as a 0-d tensor on the batch's device (model/metric.py); or it is a StatefulMetric, or
@@ -39,6 +40,11 @@ class StatefulMetric(abc.ABC):
     def compute(self, sums: list[float]) -> float:
         """The metric from the sums of every batch of every rank."""
 
+    def breakdown(self, sums: list[float]) -> dict[str, float]:
+        """Values beside the metric's own from the same sums, each logged as
+        <split>/<metric>/<key> (MeanIoU's per class: val/iou/cat); by default none."""
+        return {}
+
 
 def num_slots(metric: Any) -> int:
     """How many of the engine's sums a metric takes: its num_sums (StatefulMetric), none for an
@@ -60,6 +66,8 @@ class StepOutput:
 
     loss: the batch's mean loss, a 0-d tensor (the engine backpropagates it when training).
     output, target: what every configured metric is called with, metric(output, target).
+    output None (default): a step with nothing for the metrics (e.g. a detector's training step,
+    which makes losses and no detections); a pass of such steps has no metrics, only its loss.
     batch_size: the number of samples in the batch; by default len(target).
     """
 
@@ -99,6 +107,12 @@ class MetricSums:
         self.totals = torch.zeros(num_sums, dtype=self.dtype, device=device)
         self.error = None if self.dtype == torch.float64 else torch.zeros_like(self.totals)
         self.logged = [0.0] * len(self.totals)  # the sums at the last read_interval, on the host
+        if initial is not None and len(initial["totals"]) != num_sums:  # other metrics then
+            raise UserError(
+                f"the mid-epoch checkpoint kept {len(initial['totals']) - 2} metric sums, the "
+                f"metrics configured now take {num_sums - 2}: resume with the metrics it was "
+                "saved with, or from a checkpoint saved at the end of an epoch"
+            )
         if initial is not None:  # the sums a mid-epoch checkpoint saved (float64, on the CPU)
             self.accumulate(initial["totals"].to(device, self.dtype))
             if self.error is not None:  # what float32 could not hold of them
@@ -108,6 +122,9 @@ class MetricSums:
             self.logged = initial["logged"].tolist()
         # The first step whose loss was not finite (0: none yet), kept on the device.
         self.first_nonfinite = torch.zeros((), dtype=torch.int64, device=device)
+        # Whether a step had an output for the metrics: without one (StepOutput.output None in
+        # every step) result() reports the loss alone, not metrics of nothing.
+        self.scored = False
 
     @torch.no_grad()
     def add(self, step: StepOutput, index: int = 0) -> None:
@@ -116,8 +133,11 @@ class MetricSums:
         # torch.full fills on the device; a host scalar copied over would wait for the GPU.
         batch_size = torch.full((), size, dtype=self.dtype, device=self.totals.device)
         sums = [(step.loss.detach().to(self.dtype) * batch_size).reshape(1)]
+        self.scored = self.scored or step.output is not None
         for metric in self.metric_fns.values():
-            if isinstance(metric, StatefulMetric):
+            if step.output is None:  # nothing to score: the metric's sums stay as they were
+                sums.append(self.totals.new_zeros(num_slots(metric)))
+            elif isinstance(metric, StatefulMetric):
                 sums.append(metric.batch_sums(step.output, step.target).to(self.dtype).reshape(-1))
             elif keeps_own_state(metric):
                 metric.update(step.output, step.target)
@@ -176,20 +196,31 @@ class MetricSums:
 
     def result(self, prefix: str) -> dict[str, float]:
         """{"<prefix>/loss": ..., "<prefix>/<metric>": ..., "<prefix>/num_samples": n} over every
-        rank (a collective)."""
-        return to_metrics(self.all_ranks(), self.metric_fns, prefix)
+        rank (a collective); without any output for the metrics (StepOutput.output None), the
+        loss and the count alone."""
+        totals = self.all_ranks()
+        # Agreed by every rank: one without batches must still join the metrics' collectives.
+        scored = bool(all_reduce_max(torch.tensor(int(self.scored), device=self.totals.device)))
+        if scored or not self.metric_fns:
+            return to_metrics(totals, self.metric_fns, prefix)
+        return {f"{prefix}/loss": float(totals[0] / totals[-1]),
+                f"{prefix}/num_samples": float(totals[-1])}  # fmt: skip
 
 
 def to_metrics(totals: torch.Tensor, metrics: dict[str, Any], prefix: str) -> dict[str, float]:
     """Summed [loss, metric slots..., count] as the metrics: per-sample sums as sample-weighted
-    means, a StatefulMetric from its sums, an object with its own state from its compute()."""
+    means, a StatefulMetric from its sums (and its breakdown), an object with its own state from
+    its compute()."""
     values = totals.tolist()
     num_samples, offset = values[-1], 1
     result = {f"{prefix}/loss": values[0] / num_samples}
     for name, metric in metrics.items():
         size = num_slots(metric)
         if isinstance(metric, StatefulMetric):
-            result[f"{prefix}/{name}"] = metric.compute(values[offset : offset + size])
+            own = values[offset : offset + size]
+            result[f"{prefix}/{name}"] = metric.compute(own)
+            for key, value in metric.breakdown(own).items():
+                result[f"{prefix}/{name}/{key}"] = value
         elif size == 0:
             result[f"{prefix}/{name}"] = float(metric.compute())
             metric.reset()

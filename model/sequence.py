@@ -1,0 +1,62 @@
+"""A sequence classifier: token embedding, a GRU, pooling over the real tokens, a linear head.
+
+Padding (token 0, data_loader/tasks/sequences.py) is told apart by its value, so the model takes
+one tensor, tokens (B, T), as every other model here does, and exports with T dynamic."""
+
+import torch
+from torch import nn
+
+from base import BaseModel
+from utils import ConfigValueError
+
+PAD = 0  # the padding token the loader pads with
+
+
+class GRUClassifier(BaseModel):
+    """tokens int64 (B, T), padded with 0 -> logits (B, num_classes).
+
+    The GRU runs forwards only, so its output at a real token depends on the tokens up to it and
+    never on the padding after it; the mean and the max of those outputs over the real tokens
+    alone feed the head. A sequence's logits thus do not depend on how much padding follows it,
+    nor on the other sequences of its batch."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        num_classes: int,
+        embedding_dim: int = 32,
+        hidden_size: int = 64,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("num_classes", num_classes),
+            ("embedding_dim", embedding_dim),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+        ):
+            if not (type(value) is int and value > 0):
+                raise ConfigValueError(f"{name} must be a positive integer, got {value!r}")
+        self.vocab_size, self.num_classes = vocab_size, num_classes
+        self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=PAD)
+        self.gru = nn.GRU(
+            embedding_dim,
+            hidden_size,
+            num_layers=num_layers,
+            batch_first=True,
+            dropout=dropout if num_layers > 1 else 0.0,  # between GRU layers only
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(2 * hidden_size, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        mask = (tokens != PAD).unsqueeze(-1)  # (B, T, 1): the real tokens
+        outputs, _ = self.gru(self.embedding(tokens))  # (B, T, H)
+        # A row of padding alone (the loaders refuse empty sequences) pools to zeros, not NaN.
+        mean = (outputs * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B, H)
+        largest = outputs.masked_fill(~mask, float("-inf")).amax(dim=1)  # (B, H)
+        largest = torch.where(mask.any(dim=1), largest, torch.zeros_like(largest))
+        return self.head(self.dropout(torch.cat([mean, largest], dim=1)))  # (B, num_classes)

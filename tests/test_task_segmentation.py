@@ -1,0 +1,346 @@
+"""The segmentation worked example (data_loader/tasks/segmentation.py, model/unet.py,
+configs/segmentation.json): PNG image and mask folders on disk, image and mask augmented
+together as a function of (seed, epoch, index), per-pixel class counts and label checks, a
+U-Net trained to a stated pixel accuracy and mIoU above the always-background baseline,
+predict.py writing mask PNGs, export.py on another image size, resume and 2 processes."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import NUM_EXAMPLES, ROOT, run_main, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+from ports import free_port
+
+import train
+from data_loader.tasks.segmentation import (
+    SegmentationDataLoader,
+    image_transform,
+    write_segmentation,
+)
+from utils.data.data_summary import log_data_summary
+from utils.data.sampler import SeededIndex
+from utils.util import DataError
+
+RUN = Path("models") / "Segment_Shapes"
+NUM_CLASSES = 4  # background, disk, square, triangle
+
+
+def segmentation_config(tmp_path: Path, data_dir: Path, **trainer: object) -> Path:
+    """configs/segmentation.json shrunk: CPU, outputs in tmp_path, a narrow U-Net."""
+    config = shrink(
+        json.loads((ROOT / "configs/segmentation.json").read_text()), tmp_path / "saved"
+    )
+    config["data_loader"]["args"].update(data_dir=str(data_dir), batch_size=8)
+    config["arch"]["args"]["widths"] = [4, 8]
+    config["trainer"].update(tensorboard=False, **trainer)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def tiny_data(root: Path, size: int = 16) -> Path:
+    return write_segmentation(root, sizes={"train": 12, "val": 4, "test": 4}, image_size=size)
+
+
+# --- the joint transform: a function of (seed, epoch, index), image and mask together -----------
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_image_and_mask_flip_together_as_a_function_of_the_sample_seed(tmp_path, num_examples):
+    data = SegmentationDataLoader(str(tiny_data(tmp_path / "data")), batch_size=4, seed=0)
+    view, raw = data.view("train", augment=True), data.dataset("train")
+    flips_seen = set()
+
+    @settings(max_examples=num_examples)
+    @given(index=st.integers(0, 11), seed=st.integers(0, 2**63 - 1))
+    def check(index: int, seed: int) -> None:
+        image, mask = view[SeededIndex(index, seed)]
+        again_image, again_mask = view[SeededIndex(index, seed)]
+        assert torch.equal(image, again_image) and torch.equal(mask, again_mask)
+        plain_image, plain_mask = image_transform()(raw[index][0]), raw[index][1]
+        # The one flip of (none, horizontal, vertical, both) that gives the mask gives the image.
+        for dims in ([], [-1], [-2], [-2, -1]):
+            flipped = plain_mask.flip(dims) if dims else plain_mask
+            if torch.equal(flipped, mask):
+                expected = plain_image.flip(dims) if dims else plain_image
+                if torch.equal(expected, image):
+                    flips_seen.add(tuple(dims))
+                    return
+        raise AssertionError(f"sample {index}, seed {seed}: image and mask flipped apart")
+
+    check()
+    assert len(flips_seen) > 1  # it augments at all (masks symmetric under a flip aside)
+    assert view[SeededIndex(0, 1)][1].dtype == torch.int64
+
+
+def test_an_epoch_gives_the_same_pairs_again_and_in_worker_processes(tmp_path):
+    root = str(tiny_data(tmp_path / "data"))
+
+    def epoch(number: int, num_workers: int = 0) -> list[torch.Tensor]:
+        data = SegmentationDataLoader(root, batch_size=4, seed=3, num_workers=num_workers)
+        loader = data.train_loader()
+        loader.sampler.set_epoch(number)
+        return [torch.cat([image.flatten(), mask.flatten()]) for image, mask in loader]
+
+    first, other = epoch(1), epoch(2)
+    for again in (epoch(1), epoch(1, num_workers=2)):
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+# --- the hooks' defaults, as BaseDataLoader defines them ----------------------------------------
+
+
+def test_target_classes_default_reads_labels_and_integer_tensors_and_refuses_floats(tmp_path):
+    data = SegmentationDataLoader(str(tiny_data(tmp_path / "data")), batch_size=4, seed=0)
+    assert data.target_classes(3).tolist() == [3]
+    assert data.target_classes(torch.tensor(2)).tolist() == [2]
+    mask = torch.tensor([[0, 1], [255, 2]])
+    assert data.target_classes(mask).tolist() == [0, 1, 255, 2]
+    data.ignore_index = 255
+    assert data.target_classes(mask).tolist() == [0, 1, 2]
+    with pytest.raises(TypeError, match="float32"):
+        data.target_classes(torch.zeros(2, 2))
+
+
+def test_without_a_pair_transform_the_view_transforms_the_input_alone(tmp_path):
+    data = SegmentationDataLoader(
+        str(tiny_data(tmp_path / "data")), batch_size=4, seed=0, flip=False
+    )
+    assert data.pair_transform(augment=True) is None
+    image, mask = data.view("train", augment=True)[SeededIndex(1, 7)]
+    raw_image, raw_mask = data.dataset("train")[1]
+    assert torch.equal(image, image_transform()(raw_image)) and torch.equal(mask, raw_mask)
+
+
+# --- per-pixel targets: class counts, label check, samplers, folds ------------------------------
+
+
+def test_the_data_summary_counts_pixels_per_named_class(tmp_path, caplog):
+    data = SegmentationDataLoader(str(tiny_data(tmp_path / "data")), batch_size=4, seed=0)
+    with caplog.at_level(logging.INFO):
+        log_data_summary(data, logging.getLogger("summary"), epoch=1)
+    masks = np.stack(
+        [np.asarray(Image.open(p)) for p in sorted((tmp_path / "data/train/masks").glob("*"))]
+    )
+    counts = np.bincount(masks.reshape(-1), minlength=NUM_CLASSES)
+    assert (
+        f"12 samples; per class (occurrences in the targets): background {counts[0]}, "
+        f"disk {counts[1]}, square {counts[2]}, triangle {counts[3]}"
+    ) in caplog.text
+
+
+def test_target_classes_leaves_out_ignore_index_and_the_check_reads_masks(tmp_path):
+    root = tiny_data(tmp_path / "data")
+    mask_path = root / "train" / "masks" / "00000.png"
+    mask = np.asarray(Image.open(mask_path)).copy()
+    mask[0, :3] = 255  # unlabelled pixels
+    Image.fromarray(mask).save(mask_path)
+    data = SegmentationDataLoader(str(root), batch_size=4, seed=0, ignore_index=255)
+    assert 255 not in data.target_classes(torch.from_numpy(mask.astype(np.int64)))
+    data.check(NUM_CLASSES)  # 255 is no class: accepted
+    with pytest.raises(DataError, match=r"256 classes, but arch.args.num_classes is 4"):
+        SegmentationDataLoader(str(root), batch_size=4, seed=0).check(4)  # 255 without ignore
+    mask[0, :3] = 4
+    Image.fromarray(mask).save(mask_path)
+    with pytest.raises(DataError, match=r"5 classes, but arch.args.num_classes is 4"):
+        SegmentationDataLoader(str(root), batch_size=4, seed=0, ignore_index=255).check(4)
+
+
+def test_a_mask_class_past_the_model_is_refused_before_anything_is_written(tmp_path):
+    root = tiny_data(tmp_path / "data")
+    config = segmentation_config(tmp_path, root)
+    result = run_main("train.py", "-c", str(config), "--set", "arch.args.num_classes=3")
+    assert result.returncode != 0
+    assert "4 classes, but arch.args.num_classes is 3" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "saved" / "models").exists()
+
+
+def test_weighted_sampling_is_refused_in_one_line_and_folds_deal_masks_without_classes(tmp_path):
+    root = str(tiny_data(tmp_path / "data"))
+    weighted = SegmentationDataLoader(root, batch_size=4, seed=0, sampler="weighted")
+    with pytest.raises(DataError, match="not one label; the weighted sampler needs one"):
+        weighted.train_sampler()
+    folds = [SegmentationDataLoader(root, batch_size=4, seed=0, folds=3, fold=k) for k in range(3)]
+    validation = [data.split_indices()[1] for data in folds]
+    assert sorted(np.concatenate(validation).tolist()) == list(range(12))
+    assert [len(indices) for indices in validation] == [4, 4, 4]
+
+
+# --- predict.py and export.py on a trained checkpoint -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A U-Net trained for 1 epoch on 16x16 images (12 of them)."""
+    tmp_path = tmp_path_factory.mktemp("segmentation")
+    config = segmentation_config(tmp_path, tiny_data(tmp_path / "data"), epochs=1)
+    result = run_main("train.py", "-c", str(config), "--run-id", "tiny")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tmp_path / "saved" / RUN / "tiny" / "checkpoint-epoch1.pth"
+
+
+def test_predict_writes_a_mask_png_per_image_of_any_size(checkpoint, tmp_path):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for name, size in [("a", 16), ("b", 24), ("c", 16)]:  # two sizes, batched by shape
+        pixels = np.random.default_rng(size).integers(0, 256, (size, size + 8, 3), np.uint8)
+        Image.fromarray(pixels).save(inputs / f"{name}.png")
+    out, out_dir = tmp_path / "rows.csv", tmp_path / "masks"
+    args = ["-r", str(checkpoint), str(inputs), "--out", str(out), "--out-dir", str(out_dir)]
+    result = run_main("predict.py", *args)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) == 3
+    header, *rows = out.read_text().splitlines()
+    assert header == "path,mask,share_background,share_disk,share_square,share_triangle"
+    for row, (name, size) in zip(rows, [("a", 16), ("b", 24), ("c", 16)], strict=True):
+        mask = np.asarray(Image.open(out_dir / f"{name}.png"))
+        assert mask.shape == (size, size + 8) and mask.max() < NUM_CLASSES
+        shares = [float(value) for value in row.split(",")[2:]]
+        assert sum(shares) == pytest.approx(1, abs=1e-3)
+    as_json = tmp_path / "rows.json"
+    assert (
+        run_main("predict.py", *args[:2], str(inputs / "b.png"), "--out", str(as_json)).returncode
+        == 0
+    )
+    (row,) = json.loads(as_json.read_text())  # without --out-dir: no mask file
+    assert list(row)[:2] == ["path", "share_background"] and "mask" not in row
+    # An --out-dir that is a file is refused in one line, before any work.
+    refused = run_main("predict.py", "-r", str(checkpoint), str(inputs), "--out-dir", str(out))
+    assert (
+        refused.returncode == 2
+        and "--out-dir" in refused.stderr
+        and "not a folder" in refused.stderr
+    )
+
+
+def test_the_exported_unet_runs_on_another_image_size(checkpoint, tmp_path):
+    out = tmp_path / "unet.pt2"
+    result = run_main("export.py", "-r", str(checkpoint), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    program = torch.export.load(out).module()
+    model = torch.load(checkpoint, weights_only=True)
+    images = torch.randn(2, 3, 48, 40)  # the example inputs are 32x32
+    from build import load_inference_model
+
+    eager, _, _ = load_inference_model(checkpoint)
+    with torch.no_grad():
+        difference = (program(images) - eager(images)).abs().max().item()
+    assert difference < 1e-4 and model["config"]["arch"]["type"] == "UNet"
+
+
+# --- end to end: the stated figures (slow) ------------------------------------------------------
+
+
+def confusion(prediction_dir: Path, mask_dir: Path) -> np.ndarray:
+    """counts[true class, predicted class] over every pixel of the masks in mask_dir."""
+    counts = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
+    for truth_path in sorted(mask_dir.glob("*.png")):
+        truth = np.asarray(Image.open(truth_path)).astype(np.int64)
+        predicted = np.asarray(Image.open(prediction_dir / truth_path.name)).astype(np.int64)
+        counts += np.bincount(
+            (truth * NUM_CLASSES + predicted).reshape(-1), minlength=NUM_CLASSES**2
+        ).reshape(NUM_CLASSES, NUM_CLASSES)
+    return counts
+
+
+def mean_iou(counts: np.ndarray) -> float:
+    """The mean over classes of TP / (TP + FP + FN), from counts[true, predicted]."""
+    true_positives = np.diag(counts)
+    union = counts.sum(0) + counts.sum(1) - true_positives
+    return float(np.mean(true_positives / np.maximum(union, 1)))
+
+
+@pytest.mark.slow
+def test_the_unet_beats_the_always_background_baseline(tmp_path):
+    root = write_segmentation(tmp_path / "data", sizes={"train": 256, "val": 32, "test": 64})
+    config = segmentation_config(tmp_path, root, epochs=20)
+    overrides = {"arch.args.widths": [16, 32, 64]}  # the shipped U-Net
+    flags = [
+        item for key, value in overrides.items() for item in ("--set", f"{key}={json.dumps(value)}")
+    ]
+    started = time.perf_counter()
+    result = run_main("train.py", "-c", str(config), "--run-id", "run", *flags)
+    seconds = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = tmp_path / "saved" / RUN / "run" / "model_best.pth"
+    report_path = tmp_path / "test.json"
+    result = run_main("test.py", "-r", str(best), "--split", "test", "--json", str(report_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    reported = json.loads(report_path.read_text())["metrics"]
+    pixel_accuracy = reported["test/accuracy"]
+    predicted = tmp_path / "predicted"
+    result = run_main(
+        "predict.py", "-r", str(best), str(root / "test" / "images"), "--out-dir", str(predicted)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = confusion(predicted, root / "test" / "masks")
+    background = counts[0].sum() / counts.sum()  # the always-background pixel accuracy
+    baseline_counts = np.zeros_like(counts)
+    baseline_counts[:, 0] = counts.sum(1)
+    print(
+        f"train {seconds:.1f} s; test pixel accuracy {pixel_accuracy:.4f} (baseline "
+        f"{background:.4f}); mIoU {mean_iou(counts):.4f} (baseline {mean_iou(baseline_counts):.4f})"
+    )
+    # predict.py's masks are the ones test.py scored: the same pixel accuracy.
+    assert np.trace(counts) / counts.sum() == pytest.approx(pixel_accuracy, abs=1e-6)
+    # The shipped MeanIoU, whole-split counts over batches, is the masks' confusion matrix's.
+    assert reported["test/MeanIoU"] == pytest.approx(mean_iou(counts), abs=1e-9)
+    assert pixel_accuracy > background + 0.1  # about 0.80 -> above 0.90
+    assert mean_iou(counts) > mean_iou(baseline_counts) + 0.5  # about 0.20 -> above 0.70
+
+
+@pytest.mark.slow
+def test_a_run_stopped_mid_epoch_resumes_bit_exact(tmp_path, stop_at):
+    root = write_segmentation(tmp_path / "data", sizes={"train": 32, "val": 8, "test": 8})
+    config = segmentation_config(tmp_path, root, type="StopAt", deterministic=True)
+    assert train.main(["-c", str(config), "--run-id", "straight"]) == 0
+    stop = ["--set", "trainer.args.stop_at_step=6"]  # 4 steps per epoch: inside epoch 2
+    assert train.main(["-c", str(config), "--run-id", "stopped", *stop]) == 128 + signal.SIGTERM
+    (saved,) = (tmp_path / "saved" / RUN / "stopped").glob("checkpoint-epoch2-step*.pth")
+    assert train.main(["-r", str(saved), "--set", "trainer.args.stop_at_step=0"]) == 0
+    straight, resumed = (
+        torch.load(tmp_path / "saved" / RUN / name / "checkpoint-epoch2.pth", weights_only=True)
+        for name in ("straight", "stopped")
+    )
+    for key, value in straight["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+    measured = {key: value for key, value in straight["metrics"].items() if "time/" not in key}
+    assert measured and all(resumed["metrics"][key] == value for key, value in measured.items())
+
+
+@pytest.mark.slow
+def test_two_processes_validate_as_one_process_does(tmp_path):
+    root = write_segmentation(tmp_path / "data", sizes={"train": 32, "val": 12, "test": 8})
+    config = segmentation_config(tmp_path, root, epochs=1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "train.py",
+         "-c", str(config), "--run-id", "ddp"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checkpoint = tmp_path / "saved" / RUN / "ddp" / "checkpoint-epoch1.pth"
+    report_path = tmp_path / "val.json"
+    result = run_main(
+        "test.py", "-r", str(checkpoint), "--split", "val", "--json", str(report_path)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    recorded = torch.load(checkpoint, weights_only=True)["metrics"]
+    assert report["num_samples"] == 12
+    assert report["metrics"]["val/accuracy"] == recorded["val/accuracy"]
+    assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)

@@ -1,0 +1,113 @@
+"""predict.py's files and names: where its rows go (--out, --out-dir), which files its inputs
+name, the class names of a checkpoint, and the rows as CSV or JSON."""
+
+import csv
+import glob
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+from utils.util import UserError
+
+
+def output_path(out: str | None, force: bool) -> Path | None:
+    """--out as a path to write, checked before any work: a .csv or .json file in a folder
+    that exists, not an existing file unless --force."""
+    if out is None:
+        return None
+    path = Path(out)
+    if path.suffix.lower() not in (".csv", ".json"):
+        raise UserError(f"--out {out}: must end in .csv or .json")
+    if path.exists() and not force:
+        raise UserError(f"--out {out}: already exists; pass --force to replace it")
+    if not path.parent.is_dir():
+        raise UserError(f"--out {out}: folder {path.parent} not found")
+    return path
+
+
+def output_folder(out_dir: str | None, hooked: bool) -> Path | None:
+    """--out-dir as a folder, made if missing; refused where the loader writes no files."""
+    if out_dir is None:
+        return None
+    if not hooked:
+        raise UserError(
+            f"--out-dir {out_dir}: this checkpoint's data loader writes no files per input "
+            "(it has no prediction_rows)"
+        )
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out-dir {out_dir}: not a folder")
+    if not path.parent.is_dir():
+        raise UserError(f"--out-dir {out_dir}: folder {path.parent} not found")
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def image_paths(inputs: list[str]) -> list[Path]:
+    """The files INPUTs name, sorted by path: files as given, folders searched recursively for
+    image files (by extension), globs expanded (recursively with **)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    found: set[Path] = set()
+    for text in inputs:
+        if os.path.lexists(text):
+            named = [Path(text)]
+        else:
+            named = [Path(match) for match in glob.glob(text, recursive=True)]
+        if not named:
+            kind = "matches no file" if glob.has_magic(text) else "no such file or folder"
+            raise UserError(f"{text}: {kind}")
+        files = [path for path in named if not path.is_dir()]
+        for folder in (path for path in named if path.is_dir()):
+            files += [
+                path
+                for path in folder.rglob("*")
+                if path.suffix.lower() in IMG_EXTENSIONS and path.is_file()
+            ]
+        if not files:
+            raise UserError(f"{text}: no image files ({', '.join(IMG_EXTENSIONS)}) in it")
+        found.update(files)
+    # By path components, as ImageFolder orders its samples (class folder, then file name).
+    return sorted(found, key=lambda path: path.parts)
+
+
+def class_labels(state: dict, num_classes: int, path: str) -> list[str]:
+    """The checkpoint's class names; for older checkpoints (none saved), class indices."""
+    names = state.get("class_names") or []
+    if len(names) == num_classes:
+        return list(names)
+    found = f"{len(names)} class names" if names else "no class names (an older checkpoint)"
+    print(
+        f"warning: {path}: {found} for {num_classes} outputs; labels are class indices",
+        file=sys.stderr,
+    )
+    return [str(index) for index in range(num_classes)]
+
+
+def format_rows(rows: list[dict], suffix: str, *, flat: bool = False) -> str:
+    """JSON: the rows as they are; CSV: path, label_1, probability_1, label_2, ... (or for
+    outputs that are not classes, path, value_1, value_2, ...; flat rows of a loader's
+    prediction_rows: the union of their keys, in order of appearance)"""
+    if suffix == ".json":
+        return json.dumps(rows, indent=2) + "\n"
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    if flat:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        writer.writerow(columns)
+        writer.writerows([row.get(column, "") for column in columns] for row in rows)
+        return buffer.getvalue()
+    if rows and "values" in rows[0]:
+        width = max(len(row["values"]) for row in rows)
+        writer.writerow(["path", *(f"value_{k}" for k in range(1, width + 1))])
+        writer.writerows([row["path"], *row["values"]] for row in rows)
+        return buffer.getvalue()
+    num_top = max((len(row["labels"]) for row in rows), default=0)
+    ranks = range(1, num_top + 1)
+    writer.writerow(["path", *(f"{name}_{k}" for k in ranks for name in ("label", "probability"))])
+    for row in rows:
+        pairs = zip(row["labels"], row["probabilities"], strict=True)
+        writer.writerow([row["path"], *(item for pair in pairs for item in pair)])
+    return buffer.getvalue()
