@@ -263,6 +263,16 @@ def test_a_lean_copys_edits_apply_to_the_template_and_leave_no_mention_of_what_i
     texts = new_project.lean_texts(ROOT, ROOT, kept)
     checked = [n for n in kept if n not in ("copier.yml", "lean_copy.py", lean_copy.SELF_TEST)]
     assert not mentions(ROOT, checked, texts)
+    # Nor a link to a worked example that a lean copy drops.
+    dropped = [
+        re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        for name in checked if name.endswith(".md")
+        for heading in re.findall(r"(?m)^#+ (Worked example\b.*)$", (ROOT / name).read_text())
+        if heading not in texts.get(name, heading)
+    ]  # fmt: skip
+    links = [f"{name}: #{slug}" for name in checked for slug in dropped
+             if f"#{slug})" in (texts.get(name) or (ROOT / name).read_text(errors="replace"))]  # fmt: skip
+    assert not links, links
     # Nor what the kept code imported from them (a left-out loader, model or trainer by name,
     # e.g. in a docs table): those imports are gone, so must every mention be.
     modules = lean_copy.left_out_modules(patterns)
