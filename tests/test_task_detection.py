@@ -410,6 +410,7 @@ def test_a_stop_inside_an_epoch_resumes_bit_exact(data_dir, tmp_path, stop_at_de
     assert untimed[0] == untimed[1]
 
 
+@needs_map
 def test_predict_py_writes_the_boxes_of_each_image_as_json_and_csv(tiny_run, data_dir, tmp_path):
     """predict.py through the loader's read_inputs and prediction_rows: a row per box (or the
     path alone), the same rows in JSON and CSV, every test image accounted for."""
