@@ -604,3 +604,21 @@ def test_tta_refuses_what_it_cannot_map_back(model, inputs, options, message):
     averaged = AverageOverViews(model, **{"average": "logits", **options})
     with pytest.raises(DataError, match=message):
         averaged(torch.zeros(inputs))
+
+
+class Detections(nn.Module):
+    """A detector's evaluation call: a list of dicts per image, or losses given targets."""
+
+    def forward(self, images: torch.Tensor, targets: list | None = None) -> list | dict:
+        if targets is not None:
+            return {"box": images.sum()}
+        return [{"boxes": torch.zeros(0, 4)} for _ in images]
+
+
+def test_tta_refuses_outputs_that_are_not_tensors_and_calls_with_more_than_the_images():
+    averaged = AverageOverViews(Detections(), flip=True, translate=0, average="logits")
+    images = torch.zeros(2, 3, 8, 8)
+    with pytest.raises(DataError, match=r"the model's output is a list, not a tensor"):
+        averaged(images)
+    with pytest.raises(DataError, match=r"the step calls the model with 2 arguments"):
+        averaged(images, [{"boxes": torch.zeros(0, 4)}] * 2)

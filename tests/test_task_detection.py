@@ -410,6 +410,7 @@ def test_a_stop_inside_an_epoch_resumes_bit_exact(data_dir, tmp_path, stop_at_de
     assert untimed[0] == untimed[1]
 
 
+@needs_map
 def test_predict_py_writes_the_boxes_of_each_image_as_json_and_csv(tiny_run, data_dir, tmp_path):
     """predict.py through the loader's read_inputs and prediction_rows: a row per box (or the
     path alone), the same rows in JSON and CSV, every test image accounted for."""
@@ -429,3 +430,17 @@ def test_predict_py_writes_the_boxes_of_each_image_as_json_and_csv(tiny_run, dat
         if "label" in row:  # a detected box: a class name and corners inside the image
             assert row["label"] in ("disk", "square", "triangle")
             assert float(parsed["score"]) == row["score"] and row["x1"] < row["x2"]
+
+
+@needs_map
+def test_test_time_augmentation_of_a_detector_is_refused_in_one_line(data_dir, tmp_path):
+    """A view would move the boxes the step hands the model: refused before anything is
+    written (it was a TypeError traceback from AverageOverViews.forward)."""
+    config = tiny_config(tmp_path, data_dir, **{"trainer.tta_flip": True})
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "error: trainer.tta_flip / tta_translate: average model(images) over views, but the step "
+        "calls the model with 2 arguments; turn test-time augmentation off"
+    )
+    assert not (tmp_path / "saved").exists()

@@ -33,14 +33,19 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 def write_detection(
-    folder: Path, *, num_train: int = 400, num_test: int = 100, image_size: int = 64, seed: int = 0
+    folder: Path | str,
+    *,
+    num_train: int = 400,
+    num_test: int = 100,
+    image_size: int = 64,
+    seed: int = 0,
 ) -> None:
     """Write the synthetic detection data under `folder`: per split, PNG images of 1-4 shapes
     (disks, squares, triangles) of random size, colour and position on a noisy background, and
     boxes.csv with the tight box of every shape. Deterministic in seed."""
     if image_size < 32:
         raise ConfigValueError(f"image_size must be >= 32, got {image_size}")
-    names = list(SHAPES)
+    folder, names = Path(folder), list(SHAPES)
     for split_index, (split, count) in enumerate((("train", num_train), ("test", num_test))):
         rng = np.random.default_rng([seed, split_index])
         image_dir = folder / split / "images"
@@ -233,3 +238,11 @@ class DetectionDataLoader(BaseDataLoader):
                 rows.append({"path": name, "label": class_names[label], "score": round(score, 4),
                              **corners})  # fmt: skip
         return rows
+
+
+if __name__ == "__main__":  # python -m data_loader.tasks.detection [FOLDER]
+    import sys
+
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "data/detection")
+    write_detection(target)
+    print(f"Wrote train/ and test/ (images/*.png, boxes.csv) in {target}")

@@ -257,3 +257,10 @@ def draw_sample(
         image[inside], mask[inside] = colour, label
     image += rng.normal(0, 12, size=image.shape)
     return np.clip(image, 0, 255).astype(np.uint8), mask
+
+
+if __name__ == "__main__":  # python -m data_loader.tasks.segmentation [FOLDER]
+    import sys
+
+    target = write_segmentation(sys.argv[1] if len(sys.argv) > 1 else "data/shapes_segmentation")
+    print(f"Wrote train/, val/ and test/ (images/*.png, masks/*.png), classes.json in {target}")

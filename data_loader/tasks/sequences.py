@@ -184,7 +184,7 @@ def identity(values: Any) -> Any:
 
 
 def write_sequences(
-    folder: Path,
+    folder: Path | str,
     *,
     sizes: dict[str, int] | None = None,
     num_classes: int = 3,
@@ -204,6 +204,7 @@ def write_sequences(
             "need 1 < num_classes < min(vocab_size - 1, 27), 2 num_classes <= lengths[0] <= lengths[1]"
         )
     names = [chr(ord("a") + label) for label in range(num_classes)]
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for number, (split, size) in enumerate(sizes.items()):
         split_rng = np.random.default_rng([seed, number])

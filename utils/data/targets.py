@@ -92,7 +92,11 @@ def class_counts(
 
 
 def check_classes(data: "BaseDataLoader", num_classes: int) -> None:
-    """Refuse training targets with a class outside 0..num_classes-1 (ignore_index aside)."""
+    """Refuse training targets with a class outside 0..num_classes-1 (ignore_index aside).
+    Floating-point targets are left to the first-batch check, which refuses them for a
+    classifier naming the batch's shapes and dtypes (and the model, if it refuses them first)."""
+    if len(data.dataset("train")) and np.asarray(data.dataset("train")[0][1]).dtype.kind == "f":
+        return
     values = split_classes(data, "train")[0]
     if values.min(initial=0) < 0:
         ignore = f" (ignore_index is {data.ignore_index})" if data.ignore_index is not None else ""

@@ -51,11 +51,26 @@ class AverageOverViews(nn.Module):
         shifts = [0, -self.translate, self.translate] if self.translate else [0]
         return [(mirrored, shift) for mirrored in flips for shift in shifts]
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, *more: object, **named: object) -> torch.Tensor:
+        # Views of the images alone: what else a step hands the model (a detector's targets,
+        # whose boxes a view would move) cannot be made into views here, so it is refused.
+        if more or named:
+            raise DataError(
+                "trainer.tta_flip / tta_translate: average model(images) over views, but the "
+                f"step calls the model with {len(more) + len(named) + 1} arguments; turn "
+                "test-time augmentation off"
+            )
         outputs, masks = [], []
         for mirrored, shift in self.transforms(images):
             view = images.flip(-1) if mirrored else images
-            output = self.model(move(view, shift)).float()
+            output = self.model(move(view, shift))
+            if not isinstance(output, torch.Tensor):
+                raise DataError(
+                    "trainer.tta_flip / tta_translate: the model's output is a "
+                    f"{type(output).__name__}, not a tensor: its views cannot be averaged; turn "
+                    "test-time augmentation off"
+                )
+            output = output.float()
             output, mask = self.back(output, images, mirrored, shift)
             outputs.append(output)
             masks.append(mask)
