@@ -49,6 +49,8 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("tests/test_gpu_paths.py", " (benchmarks/gpu_check.sh runs them; skipped without\nCUDA)", " (skipped without CUDA)"),
     ("tests/test_cifar_recipe.py", "\n\n# --- benchmarks/reencode_jpeg.py: the cost of a JPEG pass (docs/recipes.md) ---------------------\n", ""),
     # examples (the worked examples of other tasks, issue 32)
+    ("README.md", "distillation, tabular regression, sequences, segmentation and detection are worked examples", "distillation and tabular regression are worked examples"),
+    ("README.md", ", wine, sequences, segmentation, detection\n", ", wine\n"),
     ("docs/data.md", " `SequenceDataLoader`\n(`data_loader/tasks/sequences.py`) pads with token 0:", " A loader of token\nsequences pads with token 0:"),
     ("docs/data.md", "class SequenceDataLoader(BaseDataLoader):", "class SequenceLoader(BaseDataLoader):"),
     ("docs/data.md", "(`GRUClassifier`: a mask `tokens != 0`)", "(a mask `tokens != 0`)"),
