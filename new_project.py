@@ -141,13 +141,17 @@ def first_commit(target: Path, commit: str | None) -> None:
 def update(root: Path, target: Path) -> int:
     """Merge the template's commits since the copy's into it; 1 when conflicts are left."""
     import copier
+    import yaml  # copier's own dependency
 
     answers = target / ANSWERS
     if not answers.is_file():
         raise CopyError(f"{target}: no {ANSWERS}; only a copy made by new_project.py updates")
-    recorded = re.search(r"(?m)^_src_path: (.*)$", answers.read_text())
-    if recorded is None or Path(recorded.group(1)).resolve() != root:
-        source = recorded.group(1) if recorded else "unknown"
+    try:  # YAML: a path may be written quoted
+        recorded = (yaml.safe_load(answers.read_text()) or {}).get("_src_path")
+    except (yaml.YAMLError, AttributeError):
+        raise CopyError(f"{target}: {ANSWERS} is not copier's answers file") from None
+    if not isinstance(recorded, str) or Path(recorded).resolve() != root:
+        source = recorded or "unknown"
         raise CopyError(f"{target}: copied from {source}, not {root}; run that template's "
                         f"new_project.py, or set _src_path in {ANSWERS} and commit")  # fmt: skip
     if git("status", "--porcelain", cwd=target).stdout.strip():
