@@ -6,6 +6,7 @@ import importlib.util
 import json
 import logging
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -219,6 +220,12 @@ def test_csv_rows_equal_the_checkpoints_after_a_stop_and_two_resumes(stop_at, tm
     assert steps == [(epoch, batch) for epoch in (1, 2) for batch in range(1, 9)]
 
     # test.py: the matrix and per-class scores in --json, the image beside it and in TensorBoard.
+    # TensorBoard reads a folder's event files in name order: the second each was created in,
+    # then host, pid and a per-process counter as text ("10" before "9"). These runs take under
+    # a second, so test.py's file could share the last resume's second and sort before it; that
+    # resume's purge_step (9) then hid test.py's step-16 image (CI, once). A user's test.py comes
+    # a training run later: wait for the next second, as the user's clock would have moved on.
+    time.sleep(1.01 - time.time() % 1.0)
     report_path, image_path = tmp_path / "val.json", tmp_path / "val.png"
     arguments = ["-r", str(run_dir / "checkpoint-epoch2.pth"), "--split", "val"]
     arguments += ["--json", str(report_path), "--confusion-png", str(image_path)]
