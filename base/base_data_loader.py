@@ -188,15 +188,15 @@ class BaseDataLoader(abc.ABC):
     def fingerprint(self) -> dict:
         """Per split, its size and a digest of its indices and sample_ids: a resume, or test.py
         --split val, on other data than the checkpoint's is refused (utils/state/resume.py)."""
-        digests = {}
         sources = {"train": ("train", self.split_indices()[0]), "val": self.validation_source()}
+        # Each split's samples are read once (a held-out validation split shares training's).
+        ids = {source[0]: self.sample_ids(source[0]) for source in sources.values() if source}
+        digests = dict.fromkeys(sources)
         for name, source in sources.items():
-            if source is None:
-                digests[name] = None
-                continue
-            split, indices = source
-            ids = self.sample_ids(split)
-            digests[name] = data_splits.split_digest(split, len(self.dataset(split)), indices, ids)
+            if source is not None:
+                split, indices = source
+                size = len(self.dataset(split))
+                digests[name] = data_splits.split_digest(split, size, indices, ids[split])
         return digests
 
     def sampling_weights(self, indices: np.ndarray) -> np.ndarray:
