@@ -225,4 +225,8 @@ def log_to_tensorboard(config: "ConfigParser", tag: str, image: "Image.Image", s
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    from utils.util import freeze_heap_for_exit  # imported by main() already
+
+    freeze_heap_for_exit()
+    sys.exit(exit_code)

@@ -121,4 +121,8 @@ def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    from utils.util import freeze_heap_for_exit  # imported by main() already
+
+    freeze_heap_for_exit()
+    sys.exit(exit_code)
