@@ -6,9 +6,10 @@ crop with padding, flip, normalise), --images of them (default 10,000; 10 % vali
 epochs, a checkpoint every epoch, TensorBoard, validation every epoch. For Lightning, a
 hand-written LightningModule with the same network, transforms, split, loaders and schedule;
 Trainer(accelerator=--device, devices=1) with ModelCheckpoint and its TensorBoardLogger. Each
-side runs as its own process (start-up included), timed from outside, alternating, --rounds
-times; printed: each time, the median ratio train.py / Lightning (below 1: the template is
-faster). With --max-ratio R the last line is `figure: ...` and the exit status 1 when the median
+side runs as its own process (start-up included), timed from outside, --rounds times, the first
+side alternating; printed: each time, and the ratio train.py / Lightning (below 1: the template
+is faster) as the median of the rounds with min and max, saying when their spread is larger
+than the effect. With --max-ratio R the last line is `figure: ...` and the exit status 1 when the median
 ratio is above R (gpu_check.sh's step "lightning").
 
 Lightning is a benchmark-only optional package (pip install lightning; pyproject.toml's
@@ -22,14 +23,14 @@ python benchmarks/lightning.py [--images 10000] [--epochs 2] [--workers 2] [--ro
 
 import argparse
 import importlib.util
-import json
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from whole_run import ratio_line, template_config, unpack  # benchmarks/whole_run.py
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = ROOT.parent / "shared" / "data" / "cifar10-train" / "train.tar.gz"
@@ -112,35 +113,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def unpack(archive: Path, images: int, folder: Path) -> Path:
-    """The first images / 10 JPEGs of each class of the archive into folder/train/<class>/."""
-    per_class: dict[str, int] = {}
-    with tarfile.open(archive) as tar:
-        for member in tar:
-            parts = Path(member.name).parts
-            if not member.isfile() or len(parts) != 3:
-                continue
-            if per_class.get(parts[1], 0) < images // 10:
-                per_class[parts[1]] = per_class.get(parts[1], 0) + 1
-                tar.extract(member, folder, filter="data")
-    return folder
-
-
-def template_config(data: Path, args: argparse.Namespace, out: Path) -> Path:
-    """configs/demo.json's model and optimizer on the folder, as the Lightning side runs it."""
-    config = json.loads((ROOT / "configs/demo.json").read_text())
-    config["n_gpu"] = int(args.device == "cuda")
-    config["data_loader"] = {
-        "type": "ImageFolderDataLoader",
-        "args": {"data_dir": str(data), "preset": "cifar", "batch_size": 64,
-                 "validation_split": 0.1, "num_workers": args.workers},
-    }  # fmt: skip
-    config["trainer"].update(epochs=args.epochs, save_dir=str(out), monitor="max val/accuracy")
-    path = out / "config.json"
-    path.write_text(json.dumps(config))
-    return path
-
-
 def timed(command: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -162,27 +134,32 @@ def main(argv: list[str] | None = None) -> int:
         out = work / f"round{round_index}"
         (out / "lightning").mkdir(parents=True, exist_ok=True)
         config = template_config(data, args, out)
-        seconds, _ = timed([sys.executable, "train.py", "-c", str(config), "--run-id", "bench"])
-        times["template"].append(seconds)
         script = out / "lightning_run.py"
         script.write_text(LIGHTNING_SCRIPT.format(
             root=str(ROOT), data=str(data), epochs=args.epochs, workers=args.workers,
             out=str(out / "lightning"), accelerator="gpu" if args.device == "cuda" else "cpu",
         ))  # fmt: skip
-        seconds, output = timed([sys.executable, str(script)])
-        times["lightning"].append(seconds)
+        commands = {
+            "template": [sys.executable, "train.py", "-c", str(config), "--run-id", "bench"],
+            "lightning": [sys.executable, str(script)],
+        }
+        # The first side alternates, so that a machine slowing down or warming up hits both.
+        for side in list(commands) if round_index % 2 == 0 else list(commands)[::-1]:
+            seconds, output = timed(commands[side])
+            times[side].append(seconds)
+            if side == "lightning":
+                accuracy = output.strip().splitlines()[-1]
         print(
             f"round {round_index + 1}: train.py {times['template'][-1]:.1f} s, Lightning "
-            f"{seconds:.1f} s ({output.strip().splitlines()[-1]})",
+            f"{times['lightning'][-1]:.1f} s ({accuracy})",
             flush=True,
         )
     ratios = [a / b for a, b in zip(times["template"], times["lightning"], strict=True)]
     median = statistics.median(ratios)
-    print(
+    print(ratio_line(
         f"train.py / Lightning, whole process, {args.images} images, {args.epochs} epochs, "
-        f"{args.workers} workers: median {median:.3f} "
-        f"(rounds: {', '.join(f'{ratio:.3f}' for ratio in ratios)})"
-    )
+        f"{args.workers} workers", ratios,
+    ))  # fmt: skip
     if args.max_ratio is None:
         return 0
     print(

@@ -8,7 +8,7 @@ schedule, Lookahead and test-time augmentation. If train.py's figure falls clear
 one on the same data and epochs, the engine loses accuracy somewhere; if they agree, the gap to
 the published records is the data or the recipe, not the engine.
 
-python benchmarks/cifar_reference.py [--epochs 10] [--seed 0] [--data ../cifar10]
+python benchmarks/baselines/cifar_reference.py [--epochs 10] [--seed 0] [--data ../cifar10]
     [--no-lookahead]
 """
 
@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional
 from torchvision.io import ImageReadMode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.cifar_recipe import ARCHIVE, unpack  # noqa: E402
