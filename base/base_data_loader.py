@@ -189,8 +189,8 @@ class BaseDataLoader(abc.ABC):
         """Per split, its size and a digest of its indices and sample_ids: a resume, or test.py
         --split val, on other data than the checkpoint's is refused (utils/state/resume.py)."""
         sources = {"train": ("train", self.split_indices()[0]), "val": self.validation_source()}
-        # Each split's samples are read once (a held-out validation split shares training's).
-        ids = {source[0]: self.sample_ids(source[0]) for source in sources.values() if source}
+        splits = {source[0] for source in sources.values() if source}  # "train" may hold both
+        ids = {split: self.sample_ids(split) for split in splits}  # each split's samples read once
         digests = dict.fromkeys(sources)
         for name, source in sources.items():
             if source is not None:

@@ -1,10 +1,12 @@
 """Data: synthetic images, transforms, seeded splits, samplers and the three folder formats."""
 
 import json
+import os
 import random
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from data_loader.data_loaders import (
 from data_loader.synthetic import CLASS_NAMES, SyntheticShapes, generate
 from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD, cifar_transform
 from utils import derive_seed
+from utils.data import splits as data_splits
 from utils.data.sampler import alternating_flips
 
 MEAN = torch.tensor(CIFAR10_MEAN).view(3, 1, 1)
@@ -547,3 +550,24 @@ def test_train_on_real_cifar_images_beats_chance(make_config, tmp_path):
         f"real CIFAR-10 sample: val/accuracy {accuracy:.3f} after {epochs} epochs, {seconds:.1f} s"
     )
     assert accuracy > 0.30  # chance is 0.10
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_an_image_folders_sample_ids_are_its_file_names_under_the_root(num_examples):
+    """sample_ids, which the data fingerprint of every run digests, cuts the root off each path
+    as os.path.relpath does, for any way of writing the root: a checkpoint written before the
+    cut (issue 37) still resumes on the same files."""
+    name = st.text("abcXYZ09_-. ", min_size=1, max_size=8).filter(
+        lambda text: text not in (".", "..")
+    )
+    roots = st.sampled_from(["data", "data/", "./data", "data//train", "/abs/data/", "../up/data"])
+
+    @settings(max_examples=num_examples)
+    @given(roots, st.lists(st.tuples(name, name, st.integers(0, 9)), min_size=1, max_size=5))
+    def check(root: str, files: list[tuple[str, str, int]]) -> None:
+        samples = [(os.path.join(root, folder, file), label) for folder, file, label in files]
+        dataset = SimpleNamespace(root=root, samples=samples)
+        expected = [f"{os.path.relpath(path, root)}\0{label}" for path, label in samples]
+        assert data_splits.sample_ids(dataset) == expected
+
+    check()

@@ -57,8 +57,12 @@ def sample_ids(dataset: Any) -> list[str] | None:
     samples = getattr(dataset, "samples", None)
     if samples is not None:
         root = str(getattr(dataset, "root", ""))
+        prefix = os.path.join(root, "") if root else ""
+        # The path under the root: the root cut off where the path was joined to it (as
+        # ImageFolder's are), as relpath gives it without its normalising (36 ms a 10,000 files).
         return [
-            f"{os.path.relpath(path, root) if root else path}\0{label}" for path, label in samples
+            f"{path[len(prefix) :] if path.startswith(prefix) else os.path.relpath(path, root)}\0{label}"
+            for path, label in samples
         ]
     targets = getattr(dataset, "targets", None)
     return None if targets is None else [str(int(label)) for label in targets]
