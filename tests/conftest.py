@@ -235,6 +235,55 @@ def run_main(
     )
 
 
+def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=2 train.py <args>`: two gloo processes through
+    run_script (a thread each, no GPU, unbuffered: the ranks' lines never interleave). It must
+    succeed."""
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    result = run_script(*launch, *args, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def validated_in_one_process(checkpoint: Path, report_path: Path) -> tuple[dict, dict]:
+    """(test.py --split val's JSON report on `checkpoint`, in this process; the metrics the run
+    recorded in the checkpoint): what one process and the run's own ranks scored."""
+    result = run_main(
+        "test.py", "-r", str(checkpoint), "--split", "val", "--json", str(report_path)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(report_path.read_text()), torch.load(checkpoint, weights_only=True)["metrics"]
+
+
+def assert_stopped_run_resumes_bit_exact(
+    config: Path, runs: Path, stop_at_step: int, *, epochs: int = 2
+) -> None:
+    """The config's run trained straight through, and again stopped once optimizer step
+    `stop_at_step` was taken (its trainer takes trainer.args.stop_at_step as StopAt does; exit
+    143, as on SIGTERM) and resumed from its run folder: the last checkpoints of the two hold
+    equal weights and metrics (time/ aside) at its last epoch, `epochs`. runs: the folder that
+    holds the config's run folders."""
+    assert run_main("train.py", "-c", str(config), "--run-id", "straight").returncode == 0
+    stop = ["--set", f"trainer.args.stop_at_step={stop_at_step}"]
+    stopped = run_main("train.py", "-c", str(config), "--run-id", "stopped", *stop)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert list((runs / "stopped").glob("checkpoint-epoch*-step*.pth")), "no mid-epoch checkpoint"
+    resume = ["-r", str(runs / "stopped"), "--set", "trainer.args.stop_at_step=0"]
+    resumed = run_main("train.py", *resume)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    straight, final = (
+        torch.load(runs / name / f"checkpoint-epoch{epochs}.pth", weights_only=True)
+        for name in ("straight", "stopped")
+    )
+    for key, value in straight["model"].items():
+        assert torch.equal(value, final["model"][key]), key
+    untimed = [
+        {k: v for k, v in c["metrics"].items() if not k.startswith("time/")}
+        for c in (straight, final)
+    ]
+    assert untimed[0] and untimed[0] == untimed[1]
+
+
 def checkpoint_dirs(save_dir: Path) -> list[Path]:
     """Run folders under save_dir/models/<name>/."""
     return sorted(path for path in (save_dir / "models").glob("*/*") if path.is_dir())

@@ -6,15 +6,12 @@ train.py and test.py run in-process (conftest's run_main): what is checked is wh
 not the process. torchrun's two processes are real ones."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, run_main, write_shrunk
+from conftest import run_main, torchrun, write_shrunk
 
 import train as train_script
 from build import build_trainer
@@ -68,20 +65,9 @@ def timing(metrics: dict) -> dict:
 
 
 def torchrun_two_processes(config: Path) -> str:
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "train.py", "-c", str(config), "--run-id", "ddp", "--epochs", "1",
-        "--set", "trainer.verbosity=2",
-    ]  # fmt: skip
-    # Unbuffered: each log line is one write, so the two ranks' lines never interleave.
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONUNBUFFERED": "1",
-    }
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = torchrun(
+        "-c", str(config), "--run-id", "ddp", "--epochs", "1", "--set", "trainer.verbosity=2"
+    )
     assert "[rank 1] epoch 1/1" in result.stdout
     return result.stdout
 

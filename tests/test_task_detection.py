@@ -13,16 +13,19 @@ import csv
 import importlib.util
 import io
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import NUM_EXAMPLES, ROOT, run_main, write_shrunk
+from conftest import (
+    NUM_EXAMPLES,
+    assert_stopped_run_resumes_bit_exact,
+    run_main,
+    torchrun,
+    write_shrunk,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -347,18 +350,7 @@ def test_the_detector_learns_far_above_an_untrained_one(trained, tmp_path):
 def test_two_ranks_validate_to_the_map_of_all_detections_at_once(trained, tmp_path):
     run_dir, _, _ = trained
     # One more epoch under torchrun, 41 validation images on 2 ranks (21 and 20).
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "train.py", "-r", str(run_dir / "checkpoint-epoch20.pth"), "--epochs", "21",
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONUNBUFFERED": "1",
-    }
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    torchrun("-r", str(run_dir / "checkpoint-epoch20.pth"), "--epochs", "21")
     checkpoint = run_dir / "checkpoint-epoch21.pth"
     two_ranks = torch.load(checkpoint, weights_only=True)["metrics"]["val/MeanAveragePrecision"]
     # test.py: the same weights and images in one process, every detection in one metric.
@@ -393,21 +385,8 @@ def stop_at_detection(monkeypatch: pytest.MonkeyPatch) -> None:
 @needs_map
 def test_a_stop_inside_an_epoch_resumes_bit_exact(data_dir, tmp_path, stop_at_detection):
     config = tiny_config(tmp_path, data_dir, **{"trainer.type": "DetectionStopAt"})
-    straight = run_main("train.py", "-c", str(config), "--run-id", "straight")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    stop = ["--set", "trainer.args.stop_at_step=8"]  # 6 batches an epoch: 2 into epoch 2
-    stopped = run_main("train.py", "-c", str(config), "--run-id", "stopped", *stop)
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
-    resume = ["-r", str(tmp_path / RUNS / "stopped"), "--set", "trainer.args.stop_at_step=0"]
-    resumed = run_main("train.py", *resume)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = (
-        torch.load(tmp_path / RUNS / run / "checkpoint-epoch2.pth", weights_only=True)
-        for run in ("straight", "stopped")
-    )
-    assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
-    untimed = [{k: v for k, v in c["metrics"].items() if not k.startswith("time/")} for c in (a, b)]
-    assert untimed[0] == untimed[1]
+    # 6 batches an epoch: stopped 2 into epoch 2.
+    assert_stopped_run_resumes_bit_exact(config, tmp_path / RUNS, stop_at_step=8)
 
 
 @needs_map

@@ -6,23 +6,25 @@ predict.py writing mask PNGs, export.py on another image size, resume and 2 proc
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import NUM_EXAMPLES, ROOT, run_main, shrink
+from conftest import (
+    NUM_EXAMPLES,
+    ROOT,
+    assert_stopped_run_resumes_bit_exact,
+    run_main,
+    shrink,
+    torchrun,
+    validated_in_one_process,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from ports import free_port
 
-import train
 from data_loader.tasks.segmentation import (
     SegmentationDataLoader,
     image_transform,
@@ -306,41 +308,17 @@ def test_the_unet_beats_the_always_background_baseline(tmp_path):
 def test_a_run_stopped_mid_epoch_resumes_bit_exact(tmp_path, stop_at):
     root = write_segmentation(tmp_path / "data", sizes={"train": 32, "val": 8, "test": 8})
     config = segmentation_config(tmp_path, root, type="StopAt", deterministic=True)
-    assert train.main(["-c", str(config), "--run-id", "straight"]) == 0
-    stop = ["--set", "trainer.args.stop_at_step=6"]  # 4 steps per epoch: inside epoch 2
-    assert train.main(["-c", str(config), "--run-id", "stopped", *stop]) == 128 + signal.SIGTERM
-    (saved,) = (tmp_path / "saved" / RUN / "stopped").glob("checkpoint-epoch2-step*.pth")
-    assert train.main(["-r", str(saved), "--set", "trainer.args.stop_at_step=0"]) == 0
-    straight, resumed = (
-        torch.load(tmp_path / "saved" / RUN / name / "checkpoint-epoch2.pth", weights_only=True)
-        for name in ("straight", "stopped")
-    )
-    for key, value in straight["model"].items():
-        assert torch.equal(value, resumed["model"][key]), key
-    measured = {key: value for key, value in straight["metrics"].items() if "time/" not in key}
-    assert measured and all(resumed["metrics"][key] == value for key, value in measured.items())
+    # 4 steps per epoch: stopped inside epoch 2.
+    assert_stopped_run_resumes_bit_exact(config, tmp_path / "saved" / RUN, stop_at_step=6)
 
 
 @pytest.mark.slow
 def test_two_processes_validate_as_one_process_does(tmp_path):
     root = write_segmentation(tmp_path / "data", sizes={"train": 32, "val": 12, "test": 8})
     config = segmentation_config(tmp_path, root, epochs=1)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "train.py",
-         "-c", str(config), "--run-id", "ddp"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    torchrun("-c", str(config), "--run-id", "ddp")
     checkpoint = tmp_path / "saved" / RUN / "ddp" / "checkpoint-epoch1.pth"
-    report_path = tmp_path / "val.json"
-    result = run_main(
-        "test.py", "-r", str(checkpoint), "--split", "val", "--json", str(report_path)
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(report_path.read_text())
-    recorded = torch.load(checkpoint, weights_only=True)["metrics"]
+    report, recorded = validated_in_one_process(checkpoint, tmp_path / "val.json")
     assert report["num_samples"] == 12
     assert report["metrics"]["val/accuracy"] == recorded["val/accuracy"]
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)

@@ -8,16 +8,22 @@ class, 1 against 2 processes, a mid-epoch resume, and exports run on lengths the
 
 import contextlib
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import NUM_EXAMPLES, ROOT, run_main, run_script, write_shrunk
+from conftest import (
+    NUM_EXAMPLES,
+    ROOT,
+    assert_stopped_run_resumes_bit_exact,
+    run_main,
+    run_script,
+    torchrun,
+    validated_in_one_process,
+    write_shrunk,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -296,21 +302,7 @@ def test_a_mid_epoch_resume_is_bit_exact(stop_at, tmp_path):
         **{"trainer.type": "StopAt", "trainer.deterministic": True, "trainer.tensorboard": False},
         **{"data_loader.args.validation_split": 32, "arch.args.dropout": 0.2},
     )
-    straight = run_main("train.py", "-c", str(config), "--run-id", "straight")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    stop = ["--set", "trainer.args.stop_at_step=6"]
-    stopped = run_main("train.py", "-c", str(config), "--run-id", "stopped", *stop)
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    run_dir = tmp_path / "saved" / RUN / "stopped"
-    assert (run_dir / "checkpoint-epoch2-step6.pth").is_file()
-    go_on = ["--set", "trainer.args.stop_at_step=0"]
-    assert run_main("train.py", "-r", str(run_dir), *go_on).returncode == 0
-    reference = torch.load(tmp_path / "saved" / RUN / "straight" / "checkpoint-epoch2.pth")
-    final = torch.load(run_dir / "checkpoint-epoch2.pth")
-    for key, value in reference["model"].items():
-        assert torch.equal(value, final["model"][key]), key
-    for key in ("train/loss", "train/accuracy", "val/loss", "val/accuracy"):
-        assert final["metrics"][key] == reference["metrics"][key], key
+    assert_stopped_run_resumes_bit_exact(config, tmp_path / "saved" / RUN, stop_at_step=6)
 
 
 @pytest.mark.slow
@@ -318,29 +310,12 @@ def test_two_processes_validate_as_one_does(tmp_path):
     """torchrun, 2 gloo processes: both ranks log the same metrics, and test.py in one process
     scores the validation data as the 2 ranks together did (each rank pads its own batches)."""
     config = sequence_config(tmp_path, {"train": 320, "val": 70}, **{"trainer.epochs": 1})
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "train.py", "-c", str(config), "--run-id", "ddp", "--set", "trainer.verbosity=2",
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONUNBUFFERED": "1",
-    }
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = torchrun("-c", str(config), "--run-id", "ddp", "--set", "trainer.verbosity=2")
     # {rank: "train/loss ... val/accuracy ..."} of the epoch lines (rank 0's may be untagged).
     lines = dict(re.findall(r"(?:\[rank (\d)\] )?epoch 1/1  (.*?)  \(", result.stdout))
     assert len(lines) == 2 and len(set(lines.values())) == 1, lines
     checkpoint = tmp_path / "saved" / RUN / "ddp" / "checkpoint-epoch1.pth"
-    report_path = tmp_path / "val.json"
-    result = run_main(
-        "test.py", "-r", str(checkpoint), "--split", "val", "--json", str(report_path)
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(report_path.read_text())
-    recorded = torch.load(checkpoint, weights_only=True)["metrics"]
+    report, recorded = validated_in_one_process(checkpoint, tmp_path / "val.json")
     print(
         f"2 processes: val/accuracy {recorded['val/accuracy']}, val/loss {recorded['val/loss']}; "
         f"1 process: {report['metrics']['val/accuracy']}, {report['metrics']['val/loss']}"
