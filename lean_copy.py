@@ -35,6 +35,7 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("README.md", "measurements, `gpu_check.sh`\n", "measurements\n"),
     ("docs/performance.md", "Measured on an H200 in\n`benchmarks/gpu_check.sh`:", "Measured on an H200:"),
     ("docs/performance.md", "## On a GPU: `benchmarks/gpu_check.sh`", None),
+    ("docs/performance.md", "### Where a whole run's time goes", None),
     ("docs/performance.md", "| what | result | goal | command |\n|---|---|---|---|", "| what | result | goal |\n|---|---|---|"),
     ("docs/performance.md", re.compile(r"(?m)^(\|.*\|) `python benchmarks/[^|]*\|$"), r"\1"),
     ("docs/performance.md", "; `python\nbenchmarks/throughput.py`, 2026", ", 2026"),
