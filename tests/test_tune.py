@@ -185,7 +185,9 @@ def test_tune_py_batch_size_answers_a_batch_that_fits_the_budget_and_whose_doubl
     )  # fmt: skip
     assert peaks.returncode == 0, peaks.stderr[-3000:]
     fitting, double = map(int, peaks.stdout.split())
-    assert fitting <= budget * 2**30 * 1.02 < double  # 2 %: what one measurement varies by
+    # Measured again in another process: each side within 2 %, what one measurement varies by
+    # (CI saw the double at 1.015 GiB here where tune.py's own measurement had it over 1).
+    assert fitting <= budget * 2**30 * 1.02 and double > budget * 2**30 * 0.98, (fitting, double)
 
 
 def test_tune_py_batch_size_on_the_cpu_needs_a_budget(tmp_path: Path):
