@@ -273,6 +273,28 @@ def test_epoch_sampler_shares_without_padding(shuffle):
         assert len(sampler) == len(share)
 
 
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_evaluation_shares_hold_every_sample_once_for_any_size_and_world(num_examples):
+    """The evaluation sampler (no padding) deals any number of samples, fewer than the ranks
+    too, to any world size: every sample on exactly one rank, shares within one of each other,
+    each rank's length what it yields. A metric summed over ranks then counts each once."""
+
+    @settings(max_examples=num_examples)
+    @given(st.integers(0, 300), st.integers(1, 8), st.booleans(), st.integers(0, 2**31))
+    def check(num_samples: int, world: int, shuffle: bool, seed: int) -> None:
+        indices = list(range(num_samples))
+        samplers = [
+            EpochSampler(indices, shuffle=shuffle, seed=seed, num_replicas=world, rank=rank)
+            for rank in range(world)
+        ]
+        shares = [order(sampler, 1) for sampler in samplers]
+        assert sorted(index for share in shares for index in share) == indices
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+        assert [len(sampler) for sampler in samplers] == [len(share) for share in shares]
+
+    check()
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_epoch_sampler_shares_with_padding(shuffle):
     indices = list(range(11))
