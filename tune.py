@@ -22,7 +22,9 @@ if TYPE_CHECKING:  # imported in main(), after parsing, so that --help answers a
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Tune a config: the learning-rate range test.")
+    parser = argparse.ArgumentParser(
+        description="Tune a config: the learning-rate range test, or the largest batch that fits."
+    )
     add = parser.add_argument
     # fmt: off
     add("-c", "--config", required=True, help="config file")
