@@ -33,7 +33,7 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("README.md", "; the real check on a\nGPU is `benchmarks/gpu_check.sh`.", "."),
     ("README.md", "); benchmarks/: speed checks, gpu_check.sh\n", ")\n"),
     ("README.md", "measurements, `gpu_check.sh`\n", "measurements\n"),
-    ("docs/performance.md", "Measured on an H200 in\n`benchmarks/gpu_check.sh`:", "Measured on an H200:"),
+    ("docs/performance.md", "on an H200 in `benchmarks/gpu_check.sh`:", "on an H200:"),
     ("docs/performance.md", "## On a GPU: `benchmarks/gpu_check.sh`", None),
     ("docs/performance.md", "### Where a whole run's time goes", None),
     ("docs/performance.md", "| what | result | goal | command |\n|---|---|---|---|", "| what | result | goal |\n|---|---|---|"),
