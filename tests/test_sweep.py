@@ -207,7 +207,9 @@ def test_a_trial_does_not_outlive_its_sweep(tmp_path, spawn):
         "from sweeps.runner import start_process;"
         "child = start_process([sys.executable, '-c', 'import time; time.sleep(60)'], {},"
         " Path(sys.argv[2]) / 'child.log');"
-        "Path(sys.argv[2], 'child.pid').write_text(str(child.pid)); time.sleep(60)"
+        # Written then renamed, so the test never reads a file that exists but is still empty.
+        "Path(sys.argv[2], 'child.tmp').write_text(str(child.pid));"
+        "Path(sys.argv[2], 'child.tmp').rename(Path(sys.argv[2], 'child.pid')); time.sleep(60)"
     )
     parent = spawn([sys.executable, "-c", code, str(ROOT), str(tmp_path)])
     deadline = time.monotonic() + 30
