@@ -111,8 +111,9 @@ PREFIX_LIST: Check = (
 )
 # Each group's own keys are checked in utils/config/load_config.py.
 # optimizer.param_groups[].kind: parameters by what they are, whatever their names
-# (utils/optim/optimizer.py): those of normalisation layers, their scales, their shifts, biases.
-PARAM_KINDS = ("norm", "norm_weight", "norm_bias", "bias")
+# (utils/optim/optimizer.py): those of normalisation layers, their scales, their shifts, biases,
+# and the weights of two or more dimensions outside them (linear layers' matrices, filters).
+PARAM_KINDS = ("norm", "norm_weight", "norm_bias", "bias", "matrix")
 PARAM_GROUPS: Check = (
     lambda v: isinstance(v, list),
     'a list of {"params": ..., "lr": ...} objects',

@@ -26,6 +26,7 @@ from config_schema import (
 from utils.config.config_checks import (
     PARAM_KINDS,
     PREFIX_LIST,
+    STRING,
     Check,
     check_metric_names,
     check_strategy,
@@ -259,6 +260,8 @@ def _check_param_groups(section: dict, source: str) -> None:
         if not params:
             raise ConfigError(f"{source}: {where}.params: must name at least one prefix")
         _check_known_args(group, OptimizerArgs, where, source)
+        if "optimizer" in group:  # a torch.optim class's name: build_optimizer checks it
+            _check_value(group["optimizer"], STRING, f"{where}.optimizer", source)
 
 
 def _check_data_loader(section: dict, source: str) -> None:

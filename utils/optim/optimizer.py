@@ -9,6 +9,7 @@ from parse_config import ConfigError, ConfigParser
 from utils.data.batches import lr_scale
 from utils.distributed.device import capabilities
 from utils.distributed.sharding import is_sharded
+from utils.optim.combined import CombinedOptimizer, combine
 
 # Optimizers whose fused CUDA kernels take GradScaler's inf check as a device tensor: with them
 # an fp16 step never waits on the GPU, while GradScaler.step reads it on the host otherwise.
@@ -50,12 +51,34 @@ def build_optimizer(
         fused_available=capabilities(device).fused_optimizers,
         sharded=sharded,
     )
-    optimizer = config.init_obj("optimizer", torch.optim, groups, **extra)
+    if any("optimizer" in group for group in groups):
+        optimizer = combined_optimizer(config, groups, extra, sharded)
+    else:
+        optimizer = config.init_obj("optimizer", torch.optim, groups, **extra)
     scale = lr_scale(config, world_size)
     if scale != 1:  # the learning rate grows with the batch
         for group in optimizer.param_groups:
             group["lr"] *= scale
     return optimizer
+
+
+def combined_optimizer(
+    config: ConfigParser, groups: list[dict], extra: dict, sharded: bool
+) -> CombinedOptimizer:
+    """optimizer.type over the groups without an "optimizer" key (with optimizer.args), and
+    each other torch.optim algorithm over the groups that name it (with torch's defaults for
+    the options they leave out)."""
+    section, source = config["optimizer"], config.source
+    if sharded:
+        raise ConfigError(
+            f'{source}: optimizer.param_groups[].optimizer: not with distributed.strategy "fsdp" '
+            "(its parameters are shards, not whole matrices); use ddp"
+        )
+    main = getattr(torch.optim, section["type"])
+    algorithms = [getattr(torch.optim, group.pop("optimizer", section["type"])) for group in groups]
+    kwargs = {algorithm: {} for algorithm in algorithms}
+    kwargs[main] = {**section["args"], **extra}
+    return combine(groups, algorithms, kwargs)
 
 
 def kernel_args(
@@ -72,17 +95,18 @@ def kernel_args(
     return {} if args.get("foreach") else {"fused": True}
 
 
-def kind_of(module: nn.Module, name: str) -> set[str]:
+def kind_of(module: nn.Module, name: str, param: torch.Tensor) -> set[str]:
     """The optimizer.param_groups kinds (PARAM_KINDS) that parameter `name` of `module` is."""
     norm = isinstance(module, NORM_LAYERS)
     kinds = {"norm", f"norm_{name}"} if norm else set()
+    kinds |= {"matrix"} if param.dim() >= 2 and not norm else set()
     return kinds | ({"bias"} if name == "bias" else set())
 
 
 def parameter_kinds(model: nn.Module) -> dict[int, set[str]]:
     """id(parameter) -> its kinds."""
     return {
-        id(param): kind_of(module, name)
+        id(param): kind_of(module, name, param)
         for module in model.modules()
         for name, param in module.named_parameters(recurse=False)
     }
@@ -91,7 +115,7 @@ def parameter_kinds(model: nn.Module) -> dict[int, set[str]]:
 def split_norm_and_bias(model: nn.Module, groups: list[dict], weight_decay: float) -> list[dict]:
     """Each group as (its other parameters, its normalisation-layer parameters and biases with
     this weight decay), leaving out an empty half."""
-    special = {key for key, kinds in parameter_kinds(model).items() if kinds}
+    special = {key for key, kinds in parameter_kinds(model).items() if kinds - {"matrix"}}
     split = []
     for group in groups:
         rest = [param for param in group["params"] if id(param) not in special]
@@ -141,6 +165,7 @@ def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[
                 owner[name] = index
                 params.append(param)
         options = {key: value for key, value in group.items() if key not in ("params", "kind")}
+        check_algorithm(options.get("optimizer"), params, where)
         built.append({**options, "params": params})
     rest = [param for name, param in trainable if name not in owner]
     return ([{"params": rest}] if rest else []) + built
@@ -155,3 +180,22 @@ def under_prefix(name: str, prefix: str) -> bool:
 def name_prefixes(module: nn.Module) -> list[str]:
     """The first two parts of the parameter names (e.g. network.layer1), for error messages."""
     return sorted({".".join(name.split(".")[:2]) for name, _ in module.named_parameters()})
+
+
+def check_algorithm(name: str | None, params: list[torch.Tensor], where: str) -> None:
+    """A param_groups entry's "optimizer": a torch.optim class this torch has; Muon over
+    parameters of two or more dimensions only."""
+    if name is None:
+        return
+    found = getattr(torch.optim, name, None)
+    if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
+        raise ConfigError(
+            f"{where}.optimizer: torch {torch.__version__} has no optimizer torch.optim.{name}"
+            + (" (Muon came with torch 2.9)" if name == "Muon" else "")
+        )
+    flat = [param for param in params if param.dim() < 2]
+    if found.__name__ == "Muon" and flat:
+        raise ConfigError(
+            f"{where}.optimizer: Muon takes matrices (and convolution filters), got a parameter "
+            f'of shape {tuple(flat[0].shape)}; select them with "kind": "matrix"'
+        )

@@ -7,7 +7,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from utils.distributed.sharding import is_sharded
+from utils.optim.combined import state_shape
 from utils.optim.schedule import (
     SHAPE_KEYS,
     build_scheduler,
@@ -81,10 +84,13 @@ def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict, path: Pa
     mine = optimizer.state_dict()
     flat = [name for group in names for name in group]
     saved_state = state["optimizer"]["state"]
+    params = [param for group in optimizer.param_groups for param in group["params"]]
     mine["state"] = {
         index: saved_state[saved_index[name]]
         for index, name in enumerate(flat)
-        if name in saved_index and saved_index[name] in saved_state
+        if name in saved_index
+        and saved_index[name] in saved_state
+        and fits(saved_state[saved_index[name]], state_shape(optimizer, params[index]))
     }
     optimizer.load_state_dict(mine)
     logger.warning(
@@ -93,6 +99,14 @@ def restore_optimizer(trainer: "BaseTrainer", state: dict, saved: dict, path: Pa
         change, len(mine["state"]), len(flat),
     )  # fmt: skip
     return False
+
+
+def fits(saved: dict, shape: torch.Size) -> bool:
+    """Whether a parameter's saved state (momentum...) has the shape its optimizer keeps now:
+    not when the parameter moved between Muon, which keeps matrices, and another algorithm
+    (it starts afresh)."""
+    tensors = [value for value in saved.values() if isinstance(value, torch.Tensor)]
+    return all(value.dim() == 0 or value.shape == shape for value in tensors)
 
 
 def optimizer_change(
