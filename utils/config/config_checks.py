@@ -192,6 +192,15 @@ def check_metric_names(metrics: list, source: str) -> None:
             )
 
 
+def check_trainer(trainer: dict, source: str) -> None:
+    """trainer keys that contradict each other."""
+    if trainer["deterministic"] and trainer["cudnn_benchmark"]:
+        raise ConfigError(
+            f"{source}: trainer.cudnn_benchmark: must be false when trainer.deterministic is true "
+            "(benchmarking picks kernels by timing)"
+        )
+
+
 def check_strategy(config: dict, source: str) -> None:
     """What FSDP (distributed.strategy "fsdp") does not combine with, refused up front."""
     if config["distributed"]["strategy"] != "fsdp":
