@@ -57,6 +57,7 @@ def averaged_over_views(trainer: "BaseTrainer", model: nn.Module) -> Iterator[No
         flip=options["tta_flip"],
         translate=options["tta_translate"],
         average=options["tta_average"],
+        translate_weight=options["tta_translate_weight"],
     )
     try:
         yield

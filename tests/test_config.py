@@ -551,6 +551,15 @@ def test_shortcut_value_is_validated(make_config):
         ("trainer.monitor", "max", 'trainer.monitor: unknown metric ""'),
         ("trainer.monitor", "Off", 'trainer.monitor: must be "off" or "min|max <metric>"'),
         ("trainer.tf32", "on", 'trainer.tf32: must be true or false or null, got "on"'),
+        ("trainer.tta_translate_weight", 0, "trainer.tta_translate_weight: must be a number > 0"),
+        ("trainer.tta_translate_weight", "0.5", "trainer.tta_translate_weight: must be a number"),
+        # Without shifted views the weight would do nothing: refused, not ignored.
+        (
+            "trainer.tta_translate_weight",
+            0.5,
+            "trainer.tta_translate_weight: weighs the shifted views, and trainer.tta_translate "
+            "is 0 (none); set tta_translate > 0 or remove the weight",
+        ),
         ("trainer.type", "", 'trainer.type: must be a non-empty string, got ""'),
         ("trainer.type", 3, "trainer.type: must be a non-empty string, got 3"),
         ("trainer.type", None, "trainer.type: must be a non-empty string, got null"),

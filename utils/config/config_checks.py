@@ -193,6 +193,22 @@ def check_metric_names(metrics: list, source: str) -> None:
             )
 
 
+def check_trainer(trainer: dict, source: str) -> None:
+    """trainer keys that contradict each other, or one that would silently do nothing."""
+    if trainer["deterministic"] and trainer["cudnn_benchmark"]:
+        raise ConfigError(
+            f"{source}: trainer.cudnn_benchmark: must be false when trainer.deterministic is true "
+            "(benchmarking picks kernels by timing)"
+        )
+    # Without shifted views there is nothing for the weight to weigh: a run that sets it
+    # expecting the record's weighting would get equal weights and not know it.
+    if trainer["tta_translate_weight"] != 1 and not trainer["tta_translate"]:
+        raise ConfigError(
+            f"{source}: trainer.tta_translate_weight: weighs the shifted views, and "
+            "trainer.tta_translate is 0 (none); set tta_translate > 0 or remove the weight"
+        )
+
+
 def check_strategy(config: dict, source: str) -> None:
     """What FSDP (distributed.strategy "fsdp") does not combine with, refused up front."""
     if config["distributed"]["strategy"] != "fsdp":

@@ -30,6 +30,7 @@ from utils.config.config_checks import (
     Check,
     check_metric_names,
     check_strategy,
+    check_trainer,
     metric_names,
 )
 from utils.config.monitor import parse_monitor
@@ -201,14 +202,6 @@ def _check_known_args(args: dict, schema: type, where: str, source: str) -> None
             _check_value(value, checks[key], f"{where}.{key}", source)
 
 
-def _check_trainer(trainer: dict, source: str) -> None:
-    if trainer["deterministic"] and trainer["cudnn_benchmark"]:
-        raise ConfigError(
-            f"{source}: trainer.cudnn_benchmark: must be false when trainer.deterministic is true "
-            "(benchmarking picks kernels by timing)"
-        )
-
-
 def _check_scheduler(section: dict, source: str) -> None:
     metric_scheduler = section["type"] in METRIC_SCHEDULERS
     if metric_scheduler and section["interval"] == "step":
@@ -299,5 +292,5 @@ CROSS_CHECKS: dict[type, Callable[[dict, str], None]] = {
     DataLoaderSection: _check_data_loader,
     OptimizerSection: _check_param_groups,
     SchedulerSection: _check_scheduler,
-    TrainerConfig: _check_trainer,
+    TrainerConfig: check_trainer,
 }

@@ -159,6 +159,12 @@ class TrainerConfig:
         choice("logits", "probabilities"),
         'how the views combine: mean logits, or `"probabilities"` (log of mean softmax)',
     )
+    tta_translate_weight: float = key(
+        1.0,
+        POSITIVE_NUMBER,
+        "the weight of each shifted view against an unshifted one's 1 (only with `tta_translate`); "
+        "`0.5`: the CIFAR-10 speed record's (airbench94)",
+    )
     save_top_k: int = key(
         0, NON_NEGATIVE_INT, "also keep the k best epochs as `model_best-epoch<N>.pth`"
     )
