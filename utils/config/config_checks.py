@@ -218,3 +218,28 @@ def check_strategy(config: dict, source: str) -> None:
     for name, (used, why) in refused.items():
         if used:
             raise ConfigError(f'{source}: {name}: not with distributed.strategy "fsdp" ({why})')
+
+
+def check_train_epochs(config: dict, source: str) -> None:
+    """optimizer.param_groups[i].train_epochs: a positive integer under trainer.epochs; as many
+    or more would leave the group training throughout, a setting that does nothing (refused)."""
+    epochs = config["trainer"]["epochs"]
+    for index, group in enumerate(config["optimizer"].get("param_groups") or []):
+        if "train_epochs" not in group:
+            continue
+        where = f"{source}: optimizer.param_groups[{index}].train_epochs"
+        value, (predicate, what) = group["train_epochs"], POSITIVE_INT
+        if not predicate(value):
+            raise ConfigError(f"{where}: must be {what}, got {json.dumps(value)}")
+        if value >= epochs:
+            raise ConfigError(
+                f"{where}: must be fewer than trainer.epochs ({epochs}), got {value}: the group "
+                "would train in every epoch; remove train_epochs"
+            )
+
+
+def check_across_sections(config: dict, source: str) -> None:
+    """What one section's keys refuse of another's: FSDP's (check_strategy) and param_groups'
+    train_epochs against trainer.epochs. Run once every section has passed its own checks."""
+    check_strategy(config, source)
+    check_train_epochs(config, source)
