@@ -38,6 +38,7 @@ from utils.evaluation.confusion import ConfusionMatrix
 from utils.evaluation.metric_sums import MetricFn, MetricSums, StepOutput
 from utils.evaluation.monitor import Monitor
 from utils.optim.averaging import new_average, update_if_due
+from utils.optim.group_epochs import drop_finished_gradients, epoch_limits
 from utils.optim.lookahead import new_lookahead
 from utils.optim.schedule import build_scheduler, schedule_signature, step_scheduler, warmup_steps
 from utils.state.resume import epoch_start, epoch_start_lr, restore, restore_rng
@@ -65,7 +66,8 @@ class BaseTrainer(abc.ABC):
         rank: int = 0,
     ) -> None:
         self.model, self.criterion, self.metric_fns = model.to(device), criterion, metric_fns
-        self.optimizer, self.lr_scheduler, self.ema, self.lookahead = optimizer, None, None, None
+        self.optimizer, self.lr_scheduler = optimizer, None
+        self.ema, self.lookahead, self.epoch_limits = None, None, []
         self.config, self.device, self.data, self.rank = config, device, data, rank
         self.logger = logger or logging.getLogger("trainer")
         self.options = options = config["trainer"]
@@ -107,6 +109,7 @@ class BaseTrainer(abc.ABC):
             self.data_fingerprint = data.fingerprint()
             self.ema = new_average(unwrap_model(self.model), options)  # None: ema_decay null
             self.lookahead = new_lookahead(unwrap_model(self.model), options)  # or None
+            self.epoch_limits = epoch_limits(config, unwrap_model(self.model))  # train_epochs
         self.data_wait_seconds = 0.0  # of the last epoch, measured by train_epoch
         self.flops_per_sample: float | None = None  # of a training step, counted by base/checks.py
         self.profiler: torch.profiler.profile | None = None  # inside fit(), with trainer.profile
@@ -272,6 +275,7 @@ class BaseTrainer(abc.ABC):
 
     def optimizer_step(self) -> None:
         """Clip, step (skipped by GradScaler when fp16 gradients overflowed), schedule."""
+        drop_finished_gradients(self)  # train_epochs: before clipping and GradScaler see them
         if self.options["grad_clip"] is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
             nn.utils.clip_grad_norm_(self.model.parameters(), self.options["grad_clip"])

@@ -1,18 +1,20 @@
 """The training techniques of the ImageNet-grade recipes, each against its definition: warmup and
 derived schedule lengths, label smoothing, MixUp / CutMix, the weight average (EMA), no weight
-decay on normalisation layers and biases, the scaled learning rate, the augmentation presets
-and the top-k checkpoints."""
+decay on normalisation layers and biases, the scaled learning rate, a parameter group that trains
+for its first epochs only, the augmentation presets and the top-k checkpoints."""
 
+import itertools
 import json
 import logging
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from conftest import ROOT, shrink
+from conftest import ROOT, assert_stopped_run_resumes_bit_exact, run_main, run_script, shrink
 from PIL import Image
 from torchvision.transforms import v2
 
@@ -23,6 +25,7 @@ from parse_config import ConfigError, ConfigParser
 from utils import UserError
 from utils.distributed.process_group import ProcessInfo
 from utils.evaluation.monitor import Monitor
+from utils.optim.group_epochs import epoch_limits
 from utils.optim.optimizer import NORM_LAYERS, build_optimizer
 from utils.optim.schedule import build_scheduler
 
@@ -309,6 +312,133 @@ def test_learning_rates_scale_with_the_global_batch(tmp_path):
     # 32 per process x 8 processes x 2 accumulated = 512: twice the reference batch.
     optimizer = build_optimizer(config, model, torch.device("cpu"), world_size=8)
     assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([0.2, 0.02])
+
+
+# --- a group that trains for its first epochs only (param_groups[].train_epochs) -------------------
+
+# The hard cases: momentum and weight decay would keep moving a parameter that gets no gradient
+# if the optimizer still touched it (SGD's coupled decay, AdamW's decoupled one).
+MOMENTUM_SGD = {
+    "type": "SGD", "args": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-3},
+}  # fmt: skip
+DECOUPLED_ADAMW = {"type": "AdamW", "args": {"lr": 0.003, "weight_decay": 0.05}}
+DEMO_RUNS = Path("saved") / "models" / "Demo_CifarCNN"
+
+
+def first_epochs_only(optimizer: dict, train_epochs: object) -> dict:
+    """`optimizer` with features.0 (the first convolution and its BatchNorm) in a group of its
+    own that trains for the first `train_epochs` epochs."""
+    return {**optimizer, "param_groups": [{"params": "features.0", "train_epochs": train_epochs}]}
+
+
+@pytest.fixture
+def recorded_steps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, dict[str, torch.Tensor]]]:
+    """trainer.type "Recording": the demo's Trainer, which records (epoch, a copy of every
+    parameter) once built (epoch 0) and after each optimizer step."""
+    import trainer as trainer_module
+
+    steps = []
+
+    def record(trainer: trainer_module.Trainer, epoch: int) -> None:
+        steps.append((epoch, {k: v.detach().clone() for k, v in trainer.model.named_parameters()}))
+
+    class Recording(trainer_module.Trainer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            record(self, 0)
+            # state.epoch counts the epochs done: a step belongs to the one after them.
+            self.optimizer.register_step_post_hook(lambda *_: record(self, self.state.epoch + 1))
+
+    monkeypatch.setattr(trainer_module, "Recording", Recording, raising=False)
+    monkeypatch.setattr(trainer_module, "__all__", [*trainer_module.__all__, "Recording"])
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "trainer"),
+    [
+        (MOMENTUM_SGD, {}),
+        (MOMENTUM_SGD, {"grad_accum_steps": 2}),
+        (MOMENTUM_SGD, {"amp": "fp16", "grad_clip": 1.0}),  # GradScaler unscales, then clips
+        (DECOUPLED_ADAMW, {}),
+    ],
+    ids=["sgd", "sgd-accumulated", "sgd-fp16-clipped", "adamw"],
+)
+def test_a_group_trains_in_epochs_1_to_n_and_then_stays_bit_for_bit(
+    make_config, recorded_steps, optimizer, trainer
+):
+    """train_epochs 2 of 4: every optimizer step of epochs 1 and 2 moves the group's parameters;
+    from epoch 3 on they stay exactly what epoch 2 left (no step, no momentum, no weight decay),
+    while every other parameter still moves at every step."""
+    options = {"type": "Recording", "tensorboard": False, "epochs": 4, **trainer}
+    config = make_config(
+        optimizer=first_epochs_only(optimizer, 2),
+        **{f"trainer.{key}": value for key, value in options.items()},
+    )
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    epochs = [epoch for epoch, _ in recorded_steps]
+    assert epochs == sorted(epochs) and set(epochs) == {0, 1, 2, 3, 4}
+    group = {name for name in recorded_steps[0][1] if name.startswith("features.0.")}
+    rest = set(recorded_steps[0][1]) - group
+    assert len(group) == 3 and rest  # the convolution's weight, BatchNorm's weight and bias
+    for (_, before), (epoch, after) in itertools.pairwise(recorded_steps):
+        moved = {name for name in before if not torch.equal(before[name], after[name])}
+        assert moved == (group | rest if epoch <= 2 else rest), epoch
+
+
+@pytest.mark.parametrize("stop_at_step", [12, 20], ids=["inside-epoch-n", "inside-epoch-n+1"])
+def test_a_run_stopped_around_epoch_n_resumes_bit_exact(
+    make_config, stop_at, tmp_path, stop_at_step
+):
+    """train_epochs 2 of 3 at 8 steps an epoch, stopped inside epoch 2 (the resumed run crosses
+    into the epochs without the group) or inside epoch 3 (it starts past them) and resumed: the
+    weights and metrics of the uninterrupted run, bit for bit."""
+    config = make_config(**{
+        "optimizer": first_epochs_only(MOMENTUM_SGD, 2), "trainer.epochs": 3,
+        "trainer.type": "StopAt", "trainer.deterministic": True, "trainer.tensorboard": False,
+    })  # fmt: skip
+    assert_stopped_run_resumes_bit_exact(config, tmp_path / DEMO_RUNS, stop_at_step, epochs=3)
+
+
+def test_train_epochs_selects_the_groups_parameters_and_is_no_optimizer_option(tmp_path):
+    config = demo_config(tmp_path, optimizer=first_epochs_only(MOMENTUM_SGD, 1))
+    model = CifarCNN(widths=[8, 16])
+    optimizer = build_optimizer(config, model, torch.device("cpu"))
+    assert not any("train_epochs" in group for group in optimizer.param_groups)
+    ((last_epoch, params),) = epoch_limits(config, model)
+    assert last_epoch == 1 and params == list(model.features[0].parameters())
+    assert any(param is params[0] for param in optimizer.param_groups[1]["params"])
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "must be a positive integer, got 0"),
+        (1.5, "must be a positive integer, got 1.5"),
+        (True, "must be a positive integer, got true"),
+    ],
+)
+def test_bad_train_epochs_are_config_errors(tmp_path, value, message):
+    with pytest.raises(ConfigError, match=re.escape(f"param_groups[0].train_epochs: {message}")):
+        demo_config(tmp_path, optimizer=first_epochs_only(MOMENTUM_SGD, value))  # 2 epochs
+
+
+def test_train_py_refuses_a_bad_train_epochs_in_one_line_and_runs_one_beyond_the_run(
+    make_config, tmp_path
+):
+    config = make_config(**{"optimizer": first_epochs_only(MOMENTUM_SGD, 0)})
+    result = run_script("train.py", "-c", str(config))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        f"error: {config}: optimizer.param_groups[0].train_epochs: must be a positive integer, "
+        "got 0"
+    ]
+    assert not (tmp_path / "saved").exists()  # refused before anything was written
+    # A recipe's 3 epochs of a group in a run of 2 (--epochs 2): it trains throughout.
+    config = make_config(**{"optimizer": first_epochs_only(MOMENTUM_SGD, 3)})
+    result = run_script("train.py", "-c", str(config), "--epochs", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 # --- augmentation presets ----------------------------------------------------------------------

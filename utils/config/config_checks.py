@@ -235,3 +235,22 @@ def check_strategy(config: dict, source: str) -> None:
     for name, (used, why) in refused.items():
         if used:
             raise ConfigError(f'{source}: {name}: not with distributed.strategy "fsdp" ({why})')
+
+
+def check_train_epochs(config: dict, source: str) -> None:
+    """optimizer.param_groups[i].train_epochs: a positive integer. As many as trainer.epochs or
+    more train the group throughout: a recipe's schedule, run shorter (--epochs 3), still runs."""
+    for index, group in enumerate(config["optimizer"].get("param_groups") or []):
+        value, (predicate, what) = group.get("train_epochs", 1), POSITIVE_INT
+        if not predicate(value):
+            raise ConfigError(
+                f"{source}: optimizer.param_groups[{index}].train_epochs: must be {what}, got "
+                f"{json.dumps(value)}"
+            )
+
+
+def check_across_sections(config: dict, source: str) -> None:
+    """What one section's keys refuse of another's (FSDP's: check_strategy), and param_groups'
+    train_epochs. Run once every section has passed its own checks."""
+    check_strategy(config, source)
+    check_train_epochs(config, source)

@@ -28,8 +28,8 @@ from utils.config.config_checks import (
     PREFIX_LIST,
     STRING,
     Check,
+    check_across_sections,
     check_metric_names,
-    check_strategy,
     check_trainer,
     metric_names,
 )
@@ -150,7 +150,7 @@ def validate(config: dict, source: str) -> dict:
     """Check every key of a config; return a copy with defaults filled in."""
     config = with_defaults(config)
     _check_section(config, Config, "", source)
-    check_strategy(config, source)
+    check_across_sections(config, source)
     check_metric_names(config["metrics"], source)
     ema = config["trainer"]["ema_decay"] is not None
     parse_monitor(config["trainer"]["monitor"], metric_names(config["metrics"]), source, ema=ema)

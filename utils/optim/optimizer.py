@@ -45,6 +45,8 @@ def build_optimizer(
             f'{config.source}: optimizer.args.fused: not with distributed.strategy "fsdp": '
             f"{section['type']}'s fused kernel does not take sharded parameters (DTensor)"
         )
+    # train_epochs is the engine's (utils/optim/group_epochs.py), not a torch.optim option.
+    groups = [{k: v for k, v in group.items() if k != "train_epochs"} for group in groups]
     extra = kernel_args(
         section["type"],
         section["args"],
@@ -131,7 +133,8 @@ def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[
     """The trainable parameters as torch.optim parameter groups: first those no group takes
     (they take optimizer.args), then one per entry of optimizer.param_groups, which takes the
     parameters under its "params" (parameter-name prefixes, whole name parts, as in
-    arch.freeze) that are of its "kind" (PARAM_KINDS), either alone or both."""
+    arch.freeze) that are of its "kind" (PARAM_KINDS), either alone or both. Its other keys are
+    the group's options, train_epochs included (build_optimizer leaves that one out)."""
     trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
     kinds = parameter_kinds(model)
     owner: dict[str, int] = {}  # parameter name -> index of the group that took it
