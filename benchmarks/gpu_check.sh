@@ -35,7 +35,7 @@ knobs_min_accuracy=0.95  # fp32's val/accuracy after 3 epochs of the demo (0.985
 pipeline_min_ratio=2     # samples/s of pipeline "device" / the DataLoader's (17.6 on a CPU)
 decode_min_ratio=1       # samples/s of decode "device" (nvJPEG) / PIL in the workers
 augment_max_syncs=1      # host-device syncs per batch of decode "device" with auto_augment
-recipe_min_accuracy=0.89 # configs/cifar10_fast.json's val/accuracy (90.62 and 90.00 % on a CPU)
+recipe_min_accuracy=0.89 # config.json's val/accuracy (90.62 and 90.00 % on a CPU)
 airbench_max_ratio=3     # training seconds of the recipe / of airbench94 on the same images
 lightning_max_ratio=1.1  # whole-process seconds of train.py / of Lightning, one round
 
@@ -50,7 +50,7 @@ steps=(
     "knobs|38|fp32 >= $knobs_min_accuracy, each knob within $knobs_tolerance of fp32"
     "device_pipeline|28|pipeline device >= ${pipeline_min_ratio}x the DataLoader's samples/s, decode device >= ${decode_min_ratio}x PIL's"
     "device_augment|15|alternating flip, decode device: each image mirrored once in 2 passes; auto_augment <= $augment_max_syncs sync per batch"
-    "cifar_recipe|43|configs/cifar10_fast.json val/accuracy >= $recipe_min_accuracy"
+    "cifar_recipe|43|config.json val/accuracy >= $recipe_min_accuracy"
     "airbench|28|recipe training time <= ${airbench_max_ratio}x airbench94's on the same images"
     "lightning|40|train.py / Lightning whole-process time <= $lightning_max_ratio"
 )

@@ -1,10 +1,10 @@
-"""Training throughput of config.json's model under each speed knob.
+"""Training throughput of configs/cifar10_cnn.json's model under each speed knob.
 
 What is measured: samples per second of full training steps (forward, cross-entropy, backward,
-SGD step with config.json's optimizer args) of config.json's CifarCNN (widths 64-128-256, two
+SGD step with its optimizer args) of configs/cifar10_cnn.json's CifarCNN (widths 64-128-256, two
 convolutions per block) on random 3x32x32 batches already on the device, so that no input
 pipeline is measured. Variants: fp32; bf16 autocast; channels_last (NHWC) memory format; both
-(config.json's setting); torch.compile; and all three together. Each variant gets a fresh model, then warm-up steps
+(that config's setting); torch.compile; and all three together. Each variant gets a fresh model, then warm-up steps
 (compilation, cuDNN autotuning, allocator), then timed steps: bracketed by CUDA events on a GPU
 (launches are asynchronous, so a wall clock would time the launches), by time.perf_counter on the
 CPU. Printed as a table with the speed-up over fp32.
@@ -34,7 +34,7 @@ VARIANTS: dict[str, tuple[torch.dtype | None, bool, bool]] = {
     "fp32": (None, False, False),
     "bf16 autocast": (torch.bfloat16, False, False),
     "channels_last": (None, True, False),
-    "bf16+channels_last": (torch.bfloat16, True, False),  # config.json's setting
+    "bf16+channels_last": (torch.bfloat16, True, False),  # cifar10_cnn.json's setting
     "compile": (None, False, True),
     "bf16+cl+compile": (torch.bfloat16, True, True),
 }
@@ -118,7 +118,7 @@ def main() -> None:
     num_steps = args.steps or (30 if on_cuda else 3)
     num_warmup = args.warmup if args.warmup is not None else (15 if on_cuda else 2)
     num_rounds = args.rounds or (5 if on_cuda else 3)
-    config = json.loads((ROOT / "config.json").read_text())
+    config = json.loads((ROOT / "configs/cifar10_cnn.json").read_text())
     device_name = (
         torch.cuda.get_device_name(device) if on_cuda else f"{torch.get_num_threads()} threads"
     )

@@ -1,4 +1,4 @@
-"""FastCifarCNN: the network of the fast CIFAR-10 recipe (configs/cifar10_fast.json).
+"""FastCifarCNN: the network of the fast CIFAR-10 recipe (config.json).
 
 Its design follows the public CIFAR-10 speed records (airbench, hlb-CIFAR10): a small network
 whose first layer whitens 2x2 patches with statistics of training images, three blocks that

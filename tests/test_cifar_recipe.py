@@ -167,8 +167,8 @@ def test_param_groups_by_kind_take_exactly_the_parameters_of_that_kind():
 
 
 def recipe(tmp_path: Path, cifar_dir: Path, **trainer: object) -> Path:
-    """configs/cifar10_fast.json, tiny: the generated archive, 5 batches of 16 per epoch."""
-    config = json.loads((ROOT / "configs/cifar10_fast.json").read_text())
+    """config.json (the fast recipe), tiny: the generated archive, 5 batches of 16 per epoch."""
+    config = json.loads((ROOT / "config.json").read_text())
     config["arch"]["args"].update(widths=[8, 16, 16], whiten_samples=40)
     config["data_loader"]["args"].update(
         data_dir=str(cifar_dir), download=False, batch_size=16, validation_split=20

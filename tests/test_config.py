@@ -148,8 +148,8 @@ def test_lr_scheduler_defaults_to_none(demo_config):
 
 @pytest.mark.parametrize(
     "name",
-    ["config.json", "configs/demo.json", "configs/imagenet.json", "configs/imagenet_v1.json",
-     "configs/finetune.json", "configs/imagenet_vit.json"],
+    ["config.json", "configs/cifar10_cnn.json", "configs/demo.json", "configs/imagenet.json",
+     "configs/imagenet_v1.json", "configs/finetune.json", "configs/imagenet_vit.json"],
 )  # fmt: skip
 def test_shipped_configs_parse(name):
     parser = ConfigParser.from_args(namespace(config=str(ROOT / name)))

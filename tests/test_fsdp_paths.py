@@ -143,7 +143,7 @@ def test_the_optimizer_built_for_cuda_steps_sharded_parameters(
 def test_channels_last_under_fsdp_trains_with_nhwc_convolutions(
     one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """config.json, imagenet.json and cifar10_fast.json set trainer.channels_last: fully_shard
+    """config.json, cifar10_cnn.json and imagenet.json set trainer.channels_last: fully_shard
     refuses a channels_last model (non-contiguous parameters) on every rank; the inputs alone
     in channels_last still make every convolution compute in NHWC."""
     formats = []

@@ -176,7 +176,7 @@ def test_an_optimizer_torch_does_not_have_is_refused_in_one_line(tmp_path: Path)
 def test_the_fast_recipe_with_muon_resumes_mid_epoch_bit_exact(
     tmp_path: Path, cifar_dir: Path, stop_at: None
 ) -> None:
-    recipe = json.loads((ROOT / "configs/cifar10_fast.json").read_text())
+    recipe = json.loads((ROOT / "config.json").read_text())
     recipe["arch"]["args"].update(widths=[8, 16, 16], whiten_samples=40)
     recipe["data_loader"]["args"].update(
         data_dir=str(cifar_dir), download=False, batch_size=16, validation_split=20

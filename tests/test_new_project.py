@@ -267,7 +267,7 @@ def test_a_lean_copys_edits_apply_to_the_template_and_leave_no_mention_of_what_i
     files = [n for n in files if (ROOT / n).is_file()]
     kept = [name for name in files if not lean_copy.is_left_out(name, patterns)]
     assert {"sweep.py", "benchmarks/overhead.py", "docs/sweeps.md"}.isdisjoint(kept)
-    assert {"train.py", "configs/demo.json", "configs/cifar10_fast.json"} <= set(kept)
+    assert {"train.py", "config.json", "configs/demo.json", "configs/cifar10_cnn.json"} <= set(kept)
     texts = new_project.lean_texts(ROOT, ROOT, kept)
     checked = [n for n in kept if n not in ("copier.yml", "lean_copy.py", lean_copy.SELF_TEST)]
     assert not mentions(ROOT, checked, texts)

@@ -1,6 +1,6 @@
 """The fast CIFAR-10 recipe as one hand-written loop: the accuracy baseline for the engine.
 
-benchmarks/cifar_recipe.py measures configs/cifar10_fast.json through train.py. This script
+benchmarks/cifar_recipe.py measures config.json through train.py. This script
 trains the same network (model.fast_cifar.FastCifarCNN) with the same published recipe written
 out by hand, with nothing of the template but the model class: its own JPEG decoding, hold-out
 split, alternating flips, 2-pixel reflect translations, optimizer groups, warmup-then-linear
