@@ -30,9 +30,11 @@ from data_loader.data_loaders import ImageFolderDataLoader  # noqa: E402
 
 
 def recipe_run(recipe_out: Path) -> tuple[dict, list[dict[str, str]]]:
-    """(the config, the metrics.csv rows) of the run benchmarks/cifar_recipe.py --out made."""
-    config = json.loads((recipe_out / "config.json").read_text())
-    (metrics,) = recipe_out.glob("log/*/run/metrics.csv")
+    """(the config, the metrics.csv rows) of the run benchmarks/cifar_recipe.py --out made: one
+    config, one seed, as gpu_check.sh runs it (<out>/<config file name>/seed<S>/)."""
+    (config_path,) = recipe_out.glob("*/seed*/config.json")
+    config = json.loads(config_path.read_text())
+    (metrics,) = config_path.parent.glob("log/*/*/metrics.csv")
     with metrics.open() as file:
         return config, list(csv.DictReader(file))
 
