@@ -116,6 +116,20 @@ def shrink(config: dict, save_dir: Path) -> dict:
     return config
 
 
+def without_muon(config: dict) -> dict:
+    """config.json's recipe as a torch without torch.optim.Muon (< 2.9, CI's floor job) can
+    train it: the Muon group removed, with its max_lr, so optimizer.type takes its filters (what
+    the refusal tells a user to do). Unchanged where torch has Muon."""
+    if hasattr(torch.optim, "Muon"):
+        return config
+    groups = config["optimizer"]["param_groups"]
+    kept = [index for index, group in enumerate(groups) if group.get("optimizer") != "Muon"]
+    config["optimizer"]["param_groups"] = [groups[index] for index in kept]
+    rates = config["lr_scheduler"]["args"]["max_lr"]  # the group of the rest first
+    config["lr_scheduler"]["args"]["max_lr"] = [rates[0]] + [rates[index + 1] for index in kept]
+    return config
+
+
 def write_shrunk(shipped: str, path: Path, save_dir: Path, **overrides) -> Path:
     """A shrunk copy of a shipped config at `path`, its outputs under save_dir, with dotted-key
     overrides, e.g. **{"trainer.epochs": 3}."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_main
+from conftest import ROOT, run_main, without_muon
 
 import data_loader.data_loaders as data_module
 import train
@@ -168,7 +168,7 @@ def test_param_groups_by_kind_take_exactly_the_parameters_of_that_kind():
 
 def recipe(tmp_path: Path, cifar_dir: Path, **trainer: object) -> Path:
     """config.json (the fast recipe), tiny: the generated archive, 5 batches of 16 per epoch."""
-    config = json.loads((ROOT / "config.json").read_text())
+    config = without_muon(json.loads((ROOT / "config.json").read_text()))
     config["arch"]["args"].update(widths=[8, 16, 16], whiten_samples=40)
     config["data_loader"]["args"].update(
         data_dir=str(cifar_dir), download=False, batch_size=16, validation_split=20

@@ -194,7 +194,12 @@ def check_algorithm(name: str | None, params: list[torch.Tensor], where: str) ->
     if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
         raise ConfigError(
             f"{where}.optimizer: torch {torch.__version__} has no optimizer torch.optim.{name}"
-            + (" (Muon came with torch 2.9)" if name == "Muon" else "")
+            + (
+                " (Muon came with torch 2.9): upgrade torch, or remove this group and its "
+                "max_lr so that optimizer.type trains its parameters"
+                if name == "Muon"
+                else ""
+            )
         )
     flat = [param for param in params if param.dim() < 2]
     if found.__name__ == "Muon" and flat:
