@@ -49,7 +49,7 @@ steps=(
     "tf32_compile|35|compile with tf32: 0 recompilations after epoch 1, old TF32 flags read True"
     "knobs|38|fp32 >= $knobs_min_accuracy, each knob within $knobs_tolerance of fp32"
     "device_pipeline|28|pipeline device >= ${pipeline_min_ratio}x the DataLoader's samples/s, decode device >= ${decode_min_ratio}x PIL's"
-    "device_augment|15|alternating flip, decode device: each image mirrored once in 2 passes; auto_augment <= $augment_max_syncs sync per batch"
+    "device_augment|15|alternating flip, decode device: each image mirrored once in 2 passes; auto_augment <= $augment_max_syncs sync per batch in one of 12 passes"
     "cifar_recipe|43|config.json val/accuracy >= $recipe_min_accuracy"
     "airbench|28|recipe training time <= ${airbench_max_ratio}x airbench94's on the same images"
     "lightning|40|train.py / Lightning whole-process time <= $lightning_max_ratio"

@@ -176,6 +176,33 @@ def test_mirrored_views_are_counted_on_the_dataloader_path(tmp_path, flip, expec
     assert augment.mirrored_views(data) == expected
 
 
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_syncs_are_judged_on_the_first_steady_pass(num_examples):
+    """The instrument of step "device_augment"'s syncs: passes run until one has at most the
+    threshold per batch (the early ones fill the policy's maps), never past --max-passes; a copy
+    per image, the same in every pass, fails."""
+    augment = benchmark("device_augment")
+
+    @settings(max_examples=num_examples)
+    @given(st.lists(st.integers(0, 100), min_size=1, max_size=8), st.integers(1, 8))
+    def check(counts: list[int], max_passes: int) -> None:
+        passes = []
+
+        def count_pass(epoch: int) -> int:
+            passes.append(epoch)
+            return counts[(epoch - 1) % len(counts)]
+
+        per_batch, steady = augment.steady_syncs_per_batch(count_pass, 4, 1.0, max_passes)
+        run = [counts[index % len(counts)] / 4 for index in range(max_passes)]
+        first = next((index for index, value in enumerate(run) if value <= 1.0), None)
+        assert steady == (first is not None)
+        assert per_batch == run[: max_passes if first is None else first + 1]
+        assert passes == list(range(1, len(per_batch) + 1))  # epochs 1, 2, ...: new orders
+
+    check()
+    assert augment.steady_syncs_per_batch(lambda epoch: 32, 1, 1.0, 12) == ([32.0] * 12, False)
+
+
 @pytest.mark.parametrize(
     "thresholds",
     [
