@@ -37,7 +37,7 @@ from utils.distributed.sharding import check_fsdp_backend, checkpoint_activation
 from utils.optim.optimizer import NORM_LAYERS, build_optimizer
 from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
 from utils.state.model_state import load_model_state
-from utils.util import ConfigValueError, amp_dtype
+from utils.util import ConfigValueError, amp_dtype, get_rng_state, set_rng_state
 
 
 def build_loss(config: ConfigParser) -> Callable:
@@ -154,8 +154,11 @@ def build_trainer(
     # Page-locked memory speeds up copies to CUDA only: the run's device decides, not whether
     # this machine has a GPU (device "cpu" on a GPU machine, MPS).
     data.pin_memory = data.pin_memory and capabilities(device).pin_memory
-    # Downloads (and decoded-image caches) happen once per node, before any rank reads them.
+    # Downloads (and decoded-image caches) happen once per node, before any rank reads them. Only
+    # some ranks and runs prepare, so what they draw must not move the model's initial weights.
+    random_state = get_rng_state(device)
     once_per_node(data.prepare_data, info)
+    set_rng_state(random_state, device)
     model = config.init_obj("arch", arch_module)
     if training and isinstance(model, BaseModel):  # what it takes from the training data
         model.fit_data(data)

@@ -29,8 +29,14 @@ def decode_split(
     cifar preset, decoded by `num_workers` worker processes (a damaged file raises the
     dataset's own error, e.g. load_image's DataError naming it)."""
     resize = v2.Compose([v2.ToImage(), v2.Resize((size, size), antialias=True)])
+    # A generator of its own: without one, iterating draws the workers' seed from torch's global
+    # generator, and a run that decodes would start from other weights than one that finds the
+    # cache. Nothing here is random.
     loader = DataLoader(
-        TransformedDataset(dataset, resize), batch_size=256, num_workers=num_workers
+        TransformedDataset(dataset, resize),
+        batch_size=256,
+        num_workers=num_workers,
+        generator=torch.Generator(),
     )
     images, labels = [], []
     for batch_images, batch_labels in loader:

@@ -4,7 +4,9 @@ the PIL path; and both end to end, a run stopped inside an epoch resuming bit-ex
 device is the CPU: the same code runs on a GPU (the gpu-marked test)."""
 
 import json
+import logging
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -20,10 +22,15 @@ from test_device_pipeline import all_batches
 import data_loader.image_cache
 import train
 from base.base_data_loader import DataError
+from base.base_trainer import BaseTrainer
+from build import build_trainer
 from data_loader.data_loaders import ImageFolderDataLoader
 from data_loader.device_decode import EncodedImages, erase_randomly
 from data_loader.image_loader import load_image_tensor
+from parse_config import ConfigParser
+from utils import seed_everything
 from utils.data.sampler import alternating_flips
+from utils.distributed.process_group import ProcessInfo
 
 
 def write_images(root: Path, suffixes: dict[str, str], *, size: int = 36, count: int = 3) -> Path:
@@ -83,6 +90,62 @@ def test_an_unwritable_cache_folder_is_a_warning(tmp_path, caplog):
     assert images.shape == (9, 3, 32, 32) and sorted(labels.tolist()) == [0] * 3 + [1] * 3 + [2] * 3
     assert f"Cannot write the decoded-image cache {not_a_folder}/" in caplog.text
     assert "set data_loader.args.cache_dir to a writable folder" in caplog.text
+
+
+def global_random_states() -> tuple:
+    """python's, numpy's and torch's global generators, comparable with ==."""
+    return random.getstate(), repr(np.random.get_state()), torch.get_rng_state().tolist()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_decoding_into_the_cache_draws_no_randomness(tmp_path, num_workers):
+    """A run that finds the cache and one that decodes leave the global generators alike:
+    iterating a DataLoader without a generator of its own draws its workers' seed from torch's."""
+    root = write_images(tmp_path / "images", {"train": ".png", "val": ".png"})
+    args = {"batch_size": 4, "seed": 0, "preset": "cifar", "pipeline": "device"}
+    for _ in ("decodes", "reads the cache"):
+        torch.manual_seed(0)
+        before = global_random_states()
+        ImageFolderDataLoader(str(root), num_workers=num_workers, **args).prepare_data()
+        assert global_random_states() == before
+
+
+def image_folder_trainer(root: Path, tmp_path: Path) -> BaseTrainer:
+    """configs/cifar10_cnn.json shrunk, on the image folder `root` through pipeline "device"."""
+    config = shrink(json.loads((ROOT / "configs/cifar10_cnn.json").read_text()), tmp_path / "saved")
+    config["data_loader"] = {
+        "type": "ImageFolderDataLoader",
+        "args": {"data_dir": str(root), "preset": "cifar", "pipeline": "device", "batch_size": 4},
+    }
+    parsed = ConfigParser(config, source="test.json")
+    seed_everything(parsed["seed"])  # as train.py does before it builds
+    return build_trainer(parsed, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+
+
+def test_the_initial_weights_are_a_function_of_the_seed_alone(tmp_path, monkeypatch):
+    """Whether the decoded-image cache was there (and, under torchrun, whether this rank
+    prepared the data: one per node does), and whatever randomness a data loader's
+    prepare_data draws, the model starts from the same weights and the generators where the seed
+    put them."""
+    root = write_images(tmp_path / "images", {"train": ".png", "val": ".png"})
+
+    def built() -> tuple[dict, tuple]:
+        trainer = image_folder_trainer(root, tmp_path)
+        return trainer.model.state_dict(), global_random_states()
+
+    decoded, cached = built(), built()  # the first run fills the cache, the second reads it
+    prepare = ImageFolderDataLoader.prepare_data
+
+    def prepare_drawing(self: ImageFolderDataLoader) -> None:  # e.g. a user's random split
+        random.random(), np.random.rand(), torch.rand(3)
+        prepare(self)
+
+    monkeypatch.setattr(ImageFolderDataLoader, "prepare_data", prepare_drawing)
+    drawing = built()
+    for weights, states in (cached, drawing):
+        assert weights.keys() == decoded[0].keys()
+        assert all(torch.equal(weights[key], decoded[0][key]) for key in weights)
+        assert states == decoded[1]
 
 
 @pytest.mark.parametrize("preset", ["cifar", "imagenet"])
