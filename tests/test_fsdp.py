@@ -1,6 +1,7 @@
 """FSDP2 (distributed.strategy "fsdp") on CPU with gloo, 2 processes: the gradients and weights
 of one process on the global batch and of DDP, sharded checkpoints that resume bit-exact inside
-an epoch, on another world size, after a kill inside a save, and that test.py reads alone."""
+an epoch, on another world size, after a kill inside a save, and that test.py reads alone;
+the same weights whether the run decoded its images or found them cached."""
 
 import json
 import os
@@ -379,3 +380,35 @@ def test_background_saves_end_where_blocking_ones_do(straight: Path, config_path
     config["distributed"]["strategy"] = "ddp"
     with pytest.raises(ConfigError, match=r'async_checkpoint: needs distributed\.strategy "fsdp"'):
         validate(config, "x.json")
+
+
+@needs_gloo_fsdp
+@pytest.mark.slow
+def test_a_run_that_decodes_the_image_cache_trains_as_one_that_reads_it(tmp_path: Path) -> None:
+    """FSDP keeps each rank's own initial shard (DDP would broadcast rank 0's weights), and only
+    one process per node decodes the images: that decoding must not move the weights any rank
+    starts from, so a first run and the same run on the cache end bit for bit alike."""
+    noise_image_folder(tmp_path / "images")
+    config = shrink(json.loads((ROOT / "configs/cifar10_cnn.json").read_text()), tmp_path / "saved")
+    config["arch"]["args"]["num_classes"] = 3
+    config["metrics"] = ["accuracy"]
+    config["data_loader"] = {
+        "type": "ImageFolderDataLoader",
+        "args": {"data_dir": str(tmp_path / "images"), "preset": "cifar", "pipeline": "device",
+                 "batch_size": 3, "validation_split": 6},
+    }  # fmt: skip
+    config["trainer"].update(epochs=1, len_epoch=2, amp=None, tensorboard=False)
+    config["distributed"] = {"strategy": "fsdp"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    weights = {}
+    for run_id, cache in (
+        ("decodes", "Decoded images: cached"),
+        ("reads", "Decoded images: reusing"),
+    ):
+        result = run_torchrun("train.py", "-c", str(path), "--run-id", run_id)
+        assert cache in result.stdout + result.stderr
+        run_dir = tmp_path / "saved" / "models" / "Cifar10_CifarCNN" / run_id
+        weights[run_id] = trained_weights(run_dir / "checkpoint-epoch1.pth")
+    for name, value in weights["reads"].items():
+        assert torch.equal(weights["decodes"][name], value), name
