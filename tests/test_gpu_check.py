@@ -6,8 +6,10 @@ import importlib.util
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import NUM_EXAMPLES, ROOT
@@ -123,6 +125,44 @@ def test_recompilations_are_counted_in_the_epoch_they_came_in(num_examples):
         assert counter.counts == expected and counter.epochs_done == len(epochs)
 
     check()
+
+
+HANGS = """import pathlib, time
+
+
+def wait_here() -> None:
+    pathlib.Path(__file__).with_suffix(".ready").touch()
+    time.sleep(600)
+
+
+wait_here()
+"""
+
+
+def test_a_run_the_steps_limit_ends_leaves_where_it_hung_in_its_log(tmp_path):
+    """The fsdp step's run that hung on an H200 said nothing of where: ended by the step's
+    SIGTERM, gpu_training.torchrun writes each process's Python stack into the run's log and
+    leaves no process behind."""
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    code = (
+        "import signal, sys; from pathlib import Path; sys.path.insert(0, 'benchmarks/gpu');"
+        "import gpu_training as g; signal.signal(signal.SIGTERM, g.stop);"
+        f"g.torchrun(Path({str(tmp_path)!r}), 'run', script={str(script)!r})"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not script.with_suffix(".ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)  # what gpu_check.sh's `timeout` sends
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0 and "Stopped: signal 15" in stderr
+    log = (tmp_path / "run.log").read_text()
+    assert f'File "{script}", line 6 in wait_here' in log, log[-3000:]
+    assert "run: still running (signal 15): stacks above (SIGABRT)" in log
+    gpu_training = benchmark("gpu_training")
+    assert gpu_training.processes_with("GPU_TRAINING_RUN", str(tmp_path / "run")) == []
 
 
 # --- pytest outcomes ---------------------------------------------------------------------------

@@ -8,7 +8,9 @@ only when the figure meets its threshold.
   knobs             the demo trained once per speed knob (AMP, channels_last, the fused Adam):
                     each one's val/accuracy within --tolerance of fp32's.
   fsdp              configs/imagenet_vit.json shrunk (a ViT-B/16 on 32x32 images), FSDP under
-                    torchrun with one process, with SGD (and a resume) and with AdamW.
+                    torchrun with one process, with SGD (and a resume) and with AdamW. A run
+                    still going when the step's limit ends it (SIGTERM) or after 240 s has the
+                    Python stacks of its processes dumped into its log: where it hung.
 
 python benchmarks/gpu/gpu_training.py STEP --work DIR [--set KEY.PATH=VALUE ...] [options]
 """
@@ -17,7 +19,10 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -171,20 +176,72 @@ def vit_config(work: Path, optimizer: str, sets: list[str]) -> Path:
     return path
 
 
-def torchrun(work: Path, name: str, *train_args: str) -> bool:
-    """train.py under torchrun, one process; its output in work/<name>.log (the tail if failed)."""
+class Stopped(Exception):
+    """The step's limit ran out: gpu_check.sh's SIGTERM."""
+
+
+def stop(signum: int, frame: object) -> None:
+    raise Stopped(f"signal {signum}")
+
+
+def processes_with(variable: str, value: str) -> list[int]:
+    """The processes whose environment sets `variable` to `value`: torchrun and its workers,
+    which it starts in sessions of their own."""
+    wanted, found = f"{variable}={value}".encode(), []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if wanted in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours
+            continue
+    return found
+
+
+def no_core_files() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def torchrun(
+    work: Path, name: str, *train_args: str, script: str = "train.py", timeout: float = 240
+) -> bool:
+    """`script` under torchrun, one process; its output in work/<name>.log (the tail if failed).
+    A run still going after `timeout` s or when the step's limit ends it (SIGTERM, raised here as
+    Stopped) gets SIGABRT in every process, on which Python's faulthandler writes each thread's
+    stack into that log, and Stopped goes on up: the step has a few seconds left."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-               "train.py", *train_args]  # fmt: skip
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    (work / f"{name}.log").write_text(result.stdout + result.stderr)
-    if result.returncode != 0:
-        print(f"{name}: exit {result.returncode}\n{(result.stdout + result.stderr)[-2000:]}")
-    return result.returncode == 0
+               script, *train_args]  # fmt: skip
+    tag = str(work.resolve() / name)
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "GPU_TRAINING_RUN": tag}
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # the step's SIGTERM is for this process alone
+        preexec_fn=no_core_files,  # SIGABRT dumps core: a CUDA process's takes gigabytes
+    )  # fmt: skip
+    stopped = None
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except (subprocess.TimeoutExpired, Stopped) as error:
+        stopped = error
+        for pid in processes_with("GPU_TRAINING_RUN", tag):
+            os.kill(pid, signal.SIGABRT)
+        try:
+            output, _ = process.communicate(timeout=3)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+        output += f"\n{name}: still running ({stopped or 'timeout'}): stacks above (SIGABRT)\n"
+    (work / f"{name}.log").write_text(output)
+    if stopped is not None or process.returncode != 0:
+        print(f"{name}: exit {process.returncode}\n{output[-3000:]}", flush=True)
+    if isinstance(stopped, Stopped):
+        raise stopped
+    return stopped is None and process.returncode == 0
 
 
 def fsdp_check(args: argparse.Namespace) -> int:
     from utils.state.checkpoint import load_checkpoint
 
+    signal.signal(signal.SIGTERM, stop)  # the step's limit: say where a run hangs
     results = []
     runs = args.work / "saved" / "models" / "ImageNet_ViT_L_16"
     for optimizer in ("SGD", "AdamW"):
