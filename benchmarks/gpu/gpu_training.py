@@ -16,6 +16,7 @@ python benchmarks/gpu/gpu_training.py STEP --work DIR [--set KEY.PATH=VALUE ...]
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -223,13 +224,14 @@ def torchrun(
     except (subprocess.TimeoutExpired, Stopped) as error:
         stopped = error
         for pid in processes_with("GPU_TRAINING_RUN", tag):
-            os.kill(pid, signal.SIGABRT)
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                os.kill(pid, signal.SIGABRT)
         try:
             output, _ = process.communicate(timeout=3)
         except subprocess.TimeoutExpired:
             process.kill()
             output, _ = process.communicate()
-        output += f"\n{name}: still running ({stopped or 'timeout'}): stacks above (SIGABRT)\n"
+        output += f"\n{name}: still running ({stopped}): stacks above (SIGABRT)\n"
     (work / f"{name}.log").write_text(output)
     if stopped is not None or process.returncode != 0:
         print(f"{name}: exit {process.returncode}\n{output[-3000:]}", flush=True)
