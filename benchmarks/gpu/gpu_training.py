@@ -26,6 +26,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,17 +186,16 @@ def stop(signum: int, frame: object) -> None:
     raise Stopped(f"signal {signum}")
 
 
-def processes_with(variable: str, value: str) -> list[int]:
-    """The processes whose environment sets `variable` to `value`: torchrun and its workers,
-    which it starts in sessions of their own."""
-    wanted, found = f"{variable}={value}".encode(), []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+def children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (torchrun's workers, in sessions of their own)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if wanted in environ.read_bytes().split(b"\0"):
-                found.append(int(environ.parent.name))
-        except OSError:  # gone, or not ours
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
-    return found
+    return sorted(found)
 
 
 def no_core_files() -> None:
@@ -207,12 +207,12 @@ def torchrun(
 ) -> bool:
     """`script` under torchrun, one process; its output in work/<name>.log (the tail if failed).
     A run still going after `timeout` s or when the step's limit ends it (SIGTERM, raised here as
-    Stopped) gets SIGABRT in every process, on which Python's faulthandler writes each thread's
-    stack into that log, and Stopped goes on up: the step has a few seconds left."""
+    Stopped) gets SIGABRT in each worker, one at a time (their stacks would interleave), on which
+    Python's faulthandler writes each thread's stack into that log; torchrun then ends, and
+    Stopped goes on up: the step has a few seconds left."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                script, *train_args]  # fmt: skip
-    tag = str(work.resolve() / name)
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "GPU_TRAINING_RUN": tag}
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # the step's SIGTERM is for this process alone
@@ -223,9 +223,10 @@ def torchrun(
         output, _ = process.communicate(timeout=timeout)
     except (subprocess.TimeoutExpired, Stopped) as error:
         stopped = error
-        for pid in processes_with("GPU_TRAINING_RUN", tag):
+        for pid in children(process.pid):
             with contextlib.suppress(ProcessLookupError):  # ended meanwhile
                 os.kill(pid, signal.SIGABRT)
+            time.sleep(0.3)  # its stacks written before the next one's
         try:
             output, _ = process.communicate(timeout=3)
         except subprocess.TimeoutExpired:
@@ -234,7 +235,7 @@ def torchrun(
         output += f"\n{name}: still running ({stopped}): stacks above (SIGABRT)\n"
     (work / f"{name}.log").write_text(output)
     if stopped is not None or process.returncode != 0:
-        print(f"{name}: exit {process.returncode}\n{output[-3000:]}", flush=True)
+        print(f"{name}: exit {process.returncode}\n{output[-6000:]}", flush=True)
     if isinstance(stopped, Stopped):
         raise stopped
     return stopped is None and process.returncode == 0
