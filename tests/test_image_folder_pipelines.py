@@ -122,7 +122,16 @@ def image_folder_trainer(root: Path, tmp_path: Path) -> BaseTrainer:
     return build_trainer(parsed, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
 
 
-def test_the_initial_weights_are_a_function_of_the_seed_alone(tmp_path, monkeypatch):
+DRAWS = {  # what a prepare_data of a user's might draw from, e.g. for a random split
+    "python": lambda: random.random(),
+    "numpy": lambda: np.random.rand(),
+    "torch": lambda: torch.rand(3),
+    "torch_generator": lambda: torch.randperm(5, generator=torch.Generator()),  # its own: no-op
+}
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_initial_weights_are_a_function_of_the_seed_alone(tmp_path, num_examples):
     """Whether the decoded-image cache was there (and, under torchrun, whether this rank
     prepared the data: one per node does), and whatever randomness a data loader's
     prepare_data draws, the model starts from the same weights and the generators where the seed
@@ -133,19 +142,28 @@ def test_the_initial_weights_are_a_function_of_the_seed_alone(tmp_path, monkeypa
         trainer = image_folder_trainer(root, tmp_path)
         return trainer.model.state_dict(), global_random_states()
 
-    decoded, cached = built(), built()  # the first run fills the cache, the second reads it
+    def assert_same(found: tuple[dict, tuple], expected: tuple[dict, tuple]) -> None:
+        assert found[0].keys() == expected[0].keys()
+        assert all(torch.equal(found[0][key], expected[0][key]) for key in found[0])
+        assert found[1] == expected[1]
+
+    decoded = built()  # this build fills the cache, the next ones read it
+    assert_same(built(), decoded)
     prepare = ImageFolderDataLoader.prepare_data
 
-    def prepare_drawing(self: ImageFolderDataLoader) -> None:  # e.g. a user's random split
-        random.random(), np.random.rand(), torch.rand(3)
-        prepare(self)
+    @settings(max_examples=num_examples, deadline=None)
+    @given(st.lists(st.sampled_from(sorted(DRAWS)), max_size=6))
+    def check(draws: list[str]) -> None:
+        def prepare_drawing(self: ImageFolderDataLoader) -> None:
+            for name in draws:
+                DRAWS[name]()
+            prepare(self)
 
-    monkeypatch.setattr(ImageFolderDataLoader, "prepare_data", prepare_drawing)
-    drawing = built()
-    for weights, states in (cached, drawing):
-        assert weights.keys() == decoded[0].keys()
-        assert all(torch.equal(weights[key], decoded[0][key]) for key in weights)
-        assert states == decoded[1]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ImageFolderDataLoader, "prepare_data", prepare_drawing)
+            assert_same(built(), decoded)
+
+    check()
 
 
 @pytest.mark.parametrize("preset", ["cifar", "imagenet"])
