@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import NUM_EXAMPLES, ROOT
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_loader.data_loaders import ImageFolderDataLoader
+from model.fast_cifar import FastCifarCNN
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 WINDOW = 420  # seconds: 7 minutes of a borrowed GPU, start-up excluded, with room to rerun
@@ -265,3 +267,29 @@ def test_a_pipeline_ratio_below_its_threshold_fails(capsys, thresholds):
     figure = capsys.readouterr().out.splitlines()[-1]
     assert figure.startswith("figure: pipeline device ")
     assert ("decode device" in figure) == ("--min-decode-ratio" in thresholds)
+
+
+def test_the_airbench_ratio_takes_the_recipes_seconds_and_flops_from_its_own_rows():
+    """Per epoch: the training samples over the logged rate, and those samples times the FLOPs a
+    sample (logged FLOP/s over samples/s); the ratio is of seconds per FLOP, so doubling the
+    work at the same FLOP/s leaves it where it was."""
+    ratio = benchmark("airbench_ratio")
+    rows = [
+        {"time/train_samples_per_second": "100", "time/flops_per_second": "2e11"},
+        {"time/train_samples_per_second": "50", "time/flops_per_second": "1e11"},
+    ]
+    assert ratio.recipe_training(rows, 1000) == pytest.approx((30.0, 4e12))
+    seconds, flops = ratio.recipe_training(rows[1:], 1000)  # 20 s, 2e12 FLOPs
+    wider = [{**rows[1], "time/train_samples_per_second": "25"}]  # twice the FLOPs a sample
+    wider_seconds, wider_flops = ratio.recipe_training(wider, 1000)
+    assert (wider_seconds, wider_flops) == pytest.approx((2 * seconds, 2 * flops))
+    assert wider_seconds / wider_flops == pytest.approx(seconds / flops)
+
+
+def test_airbench94s_flops_are_counted_as_the_trainer_counts_the_recipes():
+    """Three times the forward's FLOPs a sample, on the network make_net94 returns (here the
+    template's FastCifarCNN at airbench94's widths, a network of the same shape, on the CPU):
+    3 x 236 MFLOPs, the count the trainer logs for those widths (tests/test_flops.py)."""
+    ratio = benchmark("airbench_ratio")
+    fake = SimpleNamespace(make_net94=lambda: FastCifarCNN(widths=[64, 256, 256]))
+    assert ratio.airbench_flops_per_sample(fake) == pytest.approx(3 * 236.29472e6)

@@ -2,6 +2,12 @@
 PyPI package `airbench`) on the same images: gpu_check.sh's step "airbench", after its step
 "cifar_recipe". Ends with one `figure: ...` line, exit 0 when the ratio is at most --max-ratio.
 
+The ratio is of seconds per training FLOP, so that it measures overhead, not the work chosen:
+the recipe's widths (128, 384, 384) do 2.55 times the FLOPs a sample of airbench94's (64, 256,
+256). Both counted as base/checks.py counts the template's: three times the forward's FLOPs
+(torch.utils.flop_counter), the recipe's from its metrics.csv, airbench94's on its own network.
+The plain ratio of seconds is printed beside it.
+
 The same images: the 45,000 the recipe trained on and the 5,000 it held out (its seed's
 validation split of the carried archive), handed to airbench as the train.pt and test.pt it
 reads from ./cifar10, so it downloads nothing. Its training loop is about 150 lines: the bar for
@@ -21,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -37,6 +44,30 @@ def recipe_run(recipe_out: Path) -> tuple[dict, list[dict[str, str]]]:
     (metrics,) = config_path.parent.glob("log/*/*/metrics.csv")
     with metrics.open() as file:
         return config, list(csv.DictReader(file))
+
+
+def recipe_training(rows: list[dict[str, str]], num_train: int) -> tuple[float, float]:
+    """(seconds, FLOPs) of the recipe's training epochs from its metrics.csv rows: each epoch's
+    samples over its rate (validation left out), and its samples times the FLOPs a sample (the
+    logged FLOP/s over the logged samples/s)."""
+    seconds = flops = 0.0
+    for row in rows:
+        rate = float(row["time/train_samples_per_second"])
+        seconds += num_train / rate
+        flops += num_train * float(row["time/flops_per_second"]) / rate
+    return seconds, flops
+
+
+def airbench_flops_per_sample(airbench: object) -> float:
+    """airbench94's training FLOPs a sample, counted the template's way: three times the forward
+    of its own network (fp16, channels_last, on cuda as make_net94 builds it) on a batch, in
+    the dtype and on the device of its parameters."""
+    net = airbench.make_net94().eval()  # as base/checks.py counts: evaluation mode
+    weight = next(net.parameters())  # its dtype and device: fp16 on cuda from make_net94
+    images = torch.zeros(16, 3, 32, 32, dtype=weight.dtype, device=weight.device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        net(images.to(memory_format=torch.channels_last))
+    return 3 * counter.get_total_flops() / len(images)
 
 
 def write_airbench_data(config: dict, data_dir: Path, folder: Path) -> int:
@@ -74,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work = args.work.resolve()
     config, rows = recipe_run(args.recipe.resolve())
     num_train = write_airbench_data(config, args.data.resolve(), args.work / "cifar10")
-    # The recipe's training time: its epochs' samples over their rates (validation left out).
-    recipe_seconds = sum(num_train / float(row["time/train_samples_per_second"]) for row in rows)
+    recipe_seconds, recipe_flops = recipe_training(rows, num_train)
     os.chdir(args.work)  # airbench reads ./cifar10/{train,test}.pt
     loader = airbench.CifarLoader(
         "cifar10", train=True, batch_size=1024, aug={"flip": True, "translate": 2}, altflip=True
@@ -88,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     test_loader = airbench.CifarLoader("cifar10", train=False, batch_size=2000)
     accuracy = airbench.evaluate(model, test_loader, tta_level=2)
-    ratio = recipe_seconds / seconds
+    epochs = airbench.lib_airbench94.hyp["opt"]["train_epochs"]  # 9.9
+    airbench_flops = airbench_flops_per_sample(airbench) * num_train * epochs
+    ratio = (recipe_seconds / recipe_flops) / (seconds / airbench_flops)
     print(
-        f"figure: training seconds, recipe {recipe_seconds:.1f} / airbench94 {seconds:.1f} = "
-        f"{ratio:.2f}; val/accuracy {float(rows[-1]['val/accuracy']):.4f} vs {accuracy:.4f} "
+        f"figure: seconds per training FLOP, recipe / airbench94 = {ratio:.2f} (seconds "
+        f"{recipe_seconds:.1f} / {seconds:.1f}, FLOPs {recipe_flops:.3g} / {airbench_flops:.3g}); "
+        f"val/accuracy {float(rows[-1]['val/accuracy']):.4f} vs {accuracy:.4f} "
         f"on the same {num_train} + {len(test_loader.labels)} images",
         flush=True,
     )
