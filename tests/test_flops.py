@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ROOT, run_main, shrink
+from torch.utils.flop_counter import FlopCounterMode
 
 from base.intervals import epoch_speed
+from model.fast_cifar import FastCifarCNN
 from model.model import CifarCNN
 from utils.state.checkpoint import load_checkpoint
 
@@ -89,3 +91,21 @@ def test_mfu_is_the_achieved_flops_against_the_devices_peak(monkeypatch):
     metrics = {"train/num_samples": 20000.0}
     epoch_speed(trainer, metrics, train_seconds=10.0)
     assert "time/mfu" not in metrics and metrics["time/flops_per_second"] == pytest.approx(2e12)
+
+
+def test_the_recipes_network_does_the_work_its_docs_and_the_airbench_ratio_say():
+    """config.json's FastCifarCNN against the same network at airbench94's widths (64, 256, 256),
+    the shape the GPU check's comparison with airbench94 divides by: the FLOPs a sample the
+    trainer counts (FlopCounterMode) equal the layers' own count, 603 MFLOPs forward against
+    236, 2.55 times the work (docs/performance.md)."""
+    args = json.loads((ROOT / "config.json").read_text())["arch"]["args"]
+    images = torch.zeros(2, 3, 32, 32)
+    forwards = []
+    for widths in (args["widths"], [64, 256, 256]):
+        model = FastCifarCNN(**{**args, "widths": widths}).eval()
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(images)
+        forwards.append(counter.get_total_flops() / len(images))
+        assert forwards[-1] == pytest.approx(layer_flops(model, images), rel=1e-6)
+    assert [round(flops / 1e6) for flops in forwards] == [603, 236]
+    assert forwards[0] / forwards[1] == pytest.approx(2.55, abs=0.005)

@@ -6,7 +6,9 @@ out by hand, with nothing of the template but the model class: its own JPEG deco
 split, alternating flips, 2-pixel reflect translations, optimizer groups, warmup-then-linear
 schedule, Lookahead and test-time augmentation. If train.py's figure falls clearly below this
 one on the same data and epochs, the engine loses accuracy somewhere; if they agree, the gap to
-the published records is the data or the recipe, not the engine.
+the published records is the data or the recipe, not the engine. It is the recipe before Muon
+and the wider blocks (FastCifarCNN's default widths 64, 256, 256, airbench94's): compare it with
+train.py given those (docs/recipes.md, "Measured on the real images").
 
 python benchmarks/baselines/cifar_reference.py [--epochs 10] [--seed 0] [--data ../cifar10]
     [--no-lookahead]
