@@ -269,21 +269,41 @@ def test_a_pipeline_ratio_below_its_threshold_fails(capsys, thresholds):
     assert ("decode device" in figure) == ("--min-decode-ratio" in thresholds)
 
 
-def test_the_airbench_ratio_takes_the_recipes_seconds_and_flops_from_its_own_rows():
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_airbench_ratio_takes_the_recipes_seconds_and_flops_from_its_own_rows(num_examples):
     """Per epoch: the training samples over the logged rate, and those samples times the FLOPs a
-    sample (logged FLOP/s over samples/s); the ratio is of seconds per FLOP, so doubling the
-    work at the same FLOP/s leaves it where it was."""
+    sample (logged FLOP/s over samples/s). The ratio is of seconds per FLOP: k times the work a
+    sample at the same FLOP/s (every rate divided by k) is k times the seconds and the FLOPs,
+    and the same seconds per FLOP, whatever the epochs' rates."""
     ratio = benchmark("airbench_ratio")
     rows = [
         {"time/train_samples_per_second": "100", "time/flops_per_second": "2e11"},
         {"time/train_samples_per_second": "50", "time/flops_per_second": "1e11"},
     ]
     assert ratio.recipe_training(rows, 1000) == pytest.approx((30.0, 4e12))
-    seconds, flops = ratio.recipe_training(rows[1:], 1000)  # 20 s, 2e12 FLOPs
-    wider = [{**rows[1], "time/train_samples_per_second": "25"}]  # twice the FLOPs a sample
-    wider_seconds, wider_flops = ratio.recipe_training(wider, 1000)
-    assert (wider_seconds, wider_flops) == pytest.approx((2 * seconds, 2 * flops))
-    assert wider_seconds / wider_flops == pytest.approx(seconds / flops)
+
+    @settings(max_examples=num_examples)
+    @given(
+        st.lists(st.tuples(st.floats(1, 1e6), st.floats(1e6, 1e15)), min_size=1, max_size=10),
+        st.integers(1, 45000),
+        st.floats(0.1, 10),
+    )
+    def check(epochs: list[tuple[float, float]], num_train: int, k: float) -> None:
+        def logged(scale: float) -> list[dict[str, str]]:
+            return [
+                {
+                    "time/train_samples_per_second": str(rate / scale),
+                    "time/flops_per_second": str(f),
+                }
+                for rate, f in epochs
+            ]
+
+        seconds, flops = ratio.recipe_training(logged(1), num_train)
+        wider_seconds, wider_flops = ratio.recipe_training(logged(k), num_train)
+        assert (wider_seconds, wider_flops) == pytest.approx((k * seconds, k * flops), rel=1e-9)
+        assert wider_seconds / wider_flops == pytest.approx(seconds / flops, rel=1e-9)
+
+    check()
 
 
 def test_airbench94s_flops_are_counted_as_the_trainer_counts_the_recipes():
