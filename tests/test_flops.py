@@ -94,10 +94,10 @@ def test_mfu_is_the_achieved_flops_against_the_devices_peak(monkeypatch):
 
 
 def test_the_recipes_network_does_the_work_its_docs_and_the_airbench_ratio_say():
-    """config.json's FastCifarCNN against the same network at airbench94's widths (64, 256, 256),
-    the shape the GPU check's comparison with airbench94 divides by: the FLOPs a sample the
-    trainer counts (FlopCounterMode) equal the layers' own count, 603 MFLOPs forward against
-    236, 2.55 times the work (docs/performance.md)."""
+    """config.json's FastCifarCNN against the same network at airbench94's widths (64, 256, 256;
+    airbench94's own network counts the same 236 MFLOPs): the FLOPs a sample the trainer counts
+    (FlopCounterMode) equal the layers' own count, 603 MFLOPs forward against 236, 2.55 times
+    the work (docs/performance.md)."""
     args = json.loads((ROOT / "config.json").read_text())["arch"]["args"]
     images = torch.zeros(2, 3, 32, 32)
     forwards = []
