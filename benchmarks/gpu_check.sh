@@ -35,7 +35,7 @@ knobs_min_accuracy=0.95  # fp32's val/accuracy after 3 epochs of the demo (0.985
 pipeline_min_ratio=2     # samples/s of pipeline "device" / the DataLoader's (17.6 on a CPU)
 decode_min_ratio=1       # samples/s of decode "device" (nvJPEG) / PIL in the workers
 augment_max_syncs=1      # host-device syncs per batch of decode "device" with auto_augment
-recipe_min_accuracy=0.89 # config.json's val/accuracy (91.46 and 91.08 % on a CPU)
+recipe_min_accuracy=0.89 # config.json's val/accuracy (91.08 to 91.46 % on a CPU)
 airbench_max_ratio=3     # seconds per training FLOP of the recipe / of airbench94, same images
 lightning_max_ratio=1.1  # whole-process seconds of train.py / of Lightning, one round
 
