@@ -43,7 +43,7 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("docs/performance.md", "**End to end**, `python benchmarks/pipeline_training.py`:", "**End to end**:"),
     ("docs/recipes.md", "### Short of the records: what the images cost", None),
     ("docs/recipes.md", "### Measuring a config as the records report", None),
-    ("docs/recipes.md", "fp32, `OMP_NUM_THREADS=2`, one run alone on the 2 cores:\n\n```bash\nOMP_NUM_THREADS=2 python benchmarks/cifar_recipe.py --set trainer.amp=null --seed 0   # and --seed 1, --seed 2\nOMP_NUM_THREADS=2 python benchmarks/cifar_recipe.py --set trainer.amp=null --seed 0 --epochs 3   # and --seed 1\n```\n", "fp32, `OMP_NUM_THREADS=2`, one run alone on the 2 cores:\n"),
+    ("docs/recipes.md", "fp32, `OMP_NUM_THREADS=2`, one run alone on the 2 cores:\n\n```bash\nOMP_NUM_THREADS=2 python benchmarks/cifar_recipe.py --set trainer.amp=null --seed 0   # and --seed 1, --seed 2\nOMP_NUM_THREADS=2 python benchmarks/cifar_recipe.py --set trainer.amp=null --seed 0 --epochs 3   # and --seed 1, --seed 2\n```\n", "fp32, `OMP_NUM_THREADS=2`, one run alone on the 2 cores:\n"),
     ("docs/recipes.md", "```bash\nOMP_NUM_THREADS=1 python benchmarks/cifar_recipe.py --set trainer.amp=null --seeds 2\nOMP_NUM_THREADS=1 python benchmarks/cifar_recipe.py --set trainer.amp=null --seeds 2 --epochs 3\n", "```bash\n"),
     ("docs/recipes.md", "```bash\nOMP_NUM_THREADS=1 python benchmarks/cifar_recipe.py --set trainer.amp=null            # seed 0\nOMP_NUM_THREADS=1 python benchmarks/cifar_recipe.py --set trainer.amp=null --seed 1   # seed 1\n```\n\n", ""),
     ("docs/config.md", "(a side-by-side run, benchmarks/lightning.py: about", "(a side-by-side run: about"),
