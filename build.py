@@ -21,7 +21,7 @@ import model.loss as loss_module
 import model.metric as metric_module
 import model.model as arch_module
 import trainer as trainer_module
-from base import BaseModel, BaseTrainer
+from base import BaseDataLoader, BaseModel, BaseTrainer
 from data_loader.transforms import evaluation_transform
 from parse_config import ConfigError, ConfigParser
 from utils.config.config_checks import metric_names
@@ -40,30 +40,48 @@ from utils.state.model_state import load_model_state
 from utils.util import ConfigValueError, amp_dtype, get_rng_state, set_rng_state
 
 
-def build_loss(config: ConfigParser) -> Callable:
+def build_loss(config: ConfigParser, ignore_index: int | None = None) -> Callable:
     """config["loss"]: a function name in model/loss.py, or {"type": NAME, "args": {...}} for
-    one with keyword arguments (e.g. cross_entropy's label_smoothing)."""
+    one with keyword arguments (e.g. cross_entropy's label_smoothing); the data's ignore_index
+    as with_ignore_index says."""
     section = config["loss"]
-    if isinstance(section, str):
-        return config.lookup(loss_module, section, "loss")
-    function = config.lookup(loss_module, section["type"], "loss.type")
-    args = section["args"]
+    name, args = (section, {}) if isinstance(section, str) else (section["type"], section["args"])
+    function = config.lookup(loss_module, name, "loss" if isinstance(section, str) else "loss.type")
+    args = with_ignore_index(config, function, args, ignore_index, f"loss: {name}")
     try:  # called as function(output, target, **args)
         inspect.signature(function).bind(None, None, **args)
     except TypeError as error:
         raise ConfigError(f"{config.source}: loss.args: {error}") from None
-    return functools.partial(function, **args)
+    return functools.partial(function, **args) if args else function
+
+
+def with_ignore_index(
+    config: ConfigParser, target: Callable, args: dict, ignore_index: int | None, where: str
+) -> dict:
+    """args, plus the data's ignore_index (a target value that is no class, e.g. a mask's void
+    255) for a loss or metric that takes `ignore_index` and whose args do not set it. One that
+    does not take it is refused: it would score those targets as a class (or index past C)."""
+    if ignore_index is None or "ignore_index" in args:
+        return args
+    if "ignore_index" not in inspect.signature(target).parameters:
+        raise ConfigError(
+            f"{config.source}: {where} cannot leave out the targets equal to "
+            f"data_loader.args.ignore_index ({ignore_index}); name one that takes ignore_index "
+            "(cross_entropy, nll_loss; PixelAccuracy, MeanIoU, F1) or give yours that argument"
+        )
+    return {**args, "ignore_index": ignore_index}
 
 
 def build_metrics(
-    config: ConfigParser, device: torch.device, class_names: list[str] | None = None
+    config: ConfigParser, device: torch.device, data: BaseDataLoader
 ) -> dict[str, Any]:
     """config["metrics"]: each a name in model/metric.py, or {"type": NAME, "name": KEY, "args":
     {...}}. A function (a per-sample sum; args bound with functools.partial) or a class, built
     with its args: a StatefulMetric, or torchmetrics' Metric (moved to the device), keyed by its
     "name" (by default its type: val/<name>). A class that takes `class_names` and is not given
-    them gets the data's (`class_names`, when the data has classes)."""
-    metrics, names = {}, metric_names(config["metrics"])
+    them gets the data's (`class_names`, when the data has classes); the data's ignore_index as
+    with_ignore_index says."""
+    metrics, names, class_names = {}, metric_names(config["metrics"]), data.class_names()
     for index, entry in enumerate(config["metrics"]):
         name = names[index]
         type_name, args = (
@@ -78,6 +96,7 @@ def build_metrics(
         )
         if takes_names and class_names and "class_names" not in args:
             args = {**args, "class_names": class_names}
+        args = with_ignore_index(config, target, args, data.ignore_index, f"{where}: {type_name}")
         try:
             inspect.signature(target).bind(
                 *([] if inspect.isclass(target) else [None, None]), **args
@@ -185,8 +204,8 @@ def build_trainer(
         logger.info(
             "FSDP: %d blocks and the root sharded over %d process(es).", count, info.world_size
         )
-    criterion = build_loss(config)
-    metric_fns = build_metrics(config, device, data.class_names())
+    criterion = build_loss(config, data.ignore_index)
+    metric_fns = build_metrics(config, device, data)
     optimizer = None
     if training:
         optimizer = build_optimizer(config, model, device, info.world_size)

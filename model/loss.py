@@ -7,17 +7,44 @@ __all__ = ["cross_entropy", "mse_loss", "nll_loss", "sum_of_losses"]
 
 
 def cross_entropy(
-    output: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0
+    output: torch.Tensor,
+    target: torch.Tensor,
+    label_smoothing: float = 0.0,
+    ignore_index: int | None = None,
 ) -> torch.Tensor:
-    """Softmax cross-entropy on logits (B, C), against class indices (B,) or, after MixUp or
-    CutMix, class probabilities (B, C); label_smoothing mixes a uniform distribution into the
-    target ({"type": "cross_entropy", "args": {"label_smoothing": 0.1}})."""
-    return F.cross_entropy(output, target, label_smoothing=label_smoothing)
+    """Softmax cross-entropy on logits (B, C, ...), against class indices (B, ...) or, after
+    MixUp or CutMix, class probabilities (B, C); label_smoothing mixes a uniform distribution into
+    the target ({"type": "cross_entropy", "args": {"label_smoothing": 0.1}}). ignore_index (by
+    default the data's, data_loader.args.ignore_index): see mean_per_sample."""
+    if ignore_index is None or target.is_floating_point():
+        return F.cross_entropy(output, target, label_smoothing=label_smoothing)
+    losses = F.cross_entropy(
+        output, target, label_smoothing=label_smoothing, ignore_index=ignore_index, reduction="none"
+    )
+    return mean_per_sample(losses, target, ignore_index)
 
 
-def nll_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Negative log-likelihood; the model must output log-probabilities."""
-    return F.nll_loss(output, target)
+def nll_loss(
+    output: torch.Tensor, target: torch.Tensor, ignore_index: int | None = None
+) -> torch.Tensor:
+    """Negative log-likelihood; the model must output log-probabilities. ignore_index: as
+    cross_entropy's."""
+    if ignore_index is None:
+        return F.nll_loss(output, target)
+    losses = F.nll_loss(output, target, ignore_index=ignore_index, reduction="none")
+    return mean_per_sample(losses, target, ignore_index)
+
+
+def mean_per_sample(losses: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """The batch's mean of each sample's mean loss over its elements whose target is not
+    ignore_index (a mask's void pixels): losses (B, ...) with those elements 0, target (B, ...).
+
+    Torch's own mean weighs the batch's labelled elements alike, so a batch's loss would depend
+    on which images share it; per sample, the engine's sum of loss x batch size over an epoch is
+    the same however the batches are cut (val/loss stays exact). A sample with no labelled
+    element adds 0 (and counts as a sample)."""
+    labelled = (target != ignore_index).reshape(len(target), -1).sum(dim=1)  # (B,)
+    return (losses.reshape(len(losses), -1).sum(dim=1) / labelled.clamp_min(1)).mean()
 
 
 def mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@ together as a function of (seed, epoch, index), per-pixel class counts and label
 U-Net trained to a stated pixel accuracy and mIoU above the always-background baseline,
 predict.py writing mask PNGs, export.py on another image size, resume and 2 processes."""
 
+import functools
+import hashlib
 import json
 import logging
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import (
     NUM_EXAMPLES,
     ROOT,
@@ -30,6 +33,7 @@ from data_loader.tasks.segmentation import (
     image_transform,
     write_segmentation,
 )
+from model.loss import cross_entropy
 from utils.data.data_summary import log_data_summary
 from utils.data.sampler import SeededIndex
 from utils.util import DataError
@@ -168,6 +172,125 @@ def test_a_mask_class_past_the_model_is_refused_before_anything_is_written(tmp_p
     assert "4 classes, but arch.args.num_classes is 3" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "saved" / "models").exists()
+
+
+# --- void pixels: ignore_index reaches the loss and the metrics --------------------------------
+
+
+def with_void_pixels(root: Path) -> Path:
+    """The tiny data with each training and validation mask's first row unlabelled (255)."""
+    for split in ("train", "val"):
+        for path in sorted((root / split / "masks").glob("*.png")):
+            mask = np.asarray(Image.open(path)).copy()
+            mask[0, :] = 255
+            Image.fromarray(mask).save(path)
+    return root
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_loss_leaves_void_pixels_out_and_is_exact_over_any_batch_cut(num_examples):
+    """cross_entropy with ignore_index: each image's mean over its labelled pixels, averaged
+    over the images, so loss x batch size summed over any cut of the batches is the whole's
+    (val/loss is exact), the void pixels' logits change nothing, and without void pixels it is
+    torch's plain mean."""
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        shape=st.tuples(st.integers(1, 6), st.integers(2, 4), st.integers(1, 4), st.integers(1, 4)),
+        void=st.floats(0.0, 1.0),
+        label_smoothing=st.sampled_from([0.0, 0.1]),
+        seed=st.integers(0, 2**31 - 1),
+        cut=st.integers(0, 6),
+    )
+    def check(shape, void, label_smoothing, seed, cut) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        num_images, num_classes, height, width = shape
+        logits = torch.randn(shape, generator=generator, dtype=torch.float64)
+        target = torch.randint(num_classes, (num_images, height, width), generator=generator)
+        is_void = torch.rand(target.shape, generator=generator) < void
+        target[is_void] = 255
+        loss = functools.partial(cross_entropy, label_smoothing=label_smoothing, ignore_index=255)
+        # The reference: torch's loss on each image's labelled pixels alone, 0 for an image
+        # with none; the mean over the images.
+        per_image = [
+            F.cross_entropy(
+                logits[i].permute(1, 2, 0)[target[i] != 255],
+                target[i][target[i] != 255],
+                label_smoothing=label_smoothing,
+            )
+            if (target[i] != 255).any()
+            else torch.zeros((), dtype=torch.float64)
+            for i in range(num_images)
+        ]
+        whole = loss(logits, target)
+        torch.testing.assert_close(whole, torch.stack(per_image).mean())
+        cut = min(cut, num_images - 1)
+        if cut:
+            parts = [(logits[:cut], target[:cut]), (logits[cut:], target[cut:])]
+            summed = sum(loss(output, labels) * len(labels) for output, labels in parts)
+            torch.testing.assert_close(summed, whole * num_images)
+        scrambled = torch.where(is_void.unsqueeze(1), logits * 7 + 3, logits)
+        torch.testing.assert_close(loss(scrambled, target), whole)
+        if not is_void.any():
+            plain = F.cross_entropy(logits, target, label_smoothing=label_smoothing)
+            torch.testing.assert_close(whole, plain)
+
+    check()
+
+
+def test_void_pixels_train_with_the_datas_ignore_index_and_a_metric_that_counts_them_is_refused(
+    tmp_path,
+):
+    """data_loader.args.ignore_index reaches cross_entropy, MeanIoU and PixelAccuracy without
+    being repeated in their args (before, the loss raised "Target 255 is out of bounds" with a
+    traceback); accuracy, which would score void pixels as wrong, is refused in one line."""
+    root = with_void_pixels(tiny_data(tmp_path / "data"))
+    config = segmentation_config(tmp_path, root, epochs=1)
+    ignore = ("--set", "data_loader.args.ignore_index=255")
+    result = run_main("train.py", "-c", str(config), *ignore)
+    assert result.returncode != 0
+    assert result.stderr.strip().endswith(
+        "metrics[0]: accuracy cannot leave out the targets equal to "
+        "data_loader.args.ignore_index (255); name one that takes ignore_index (cross_entropy, "
+        "nll_loss; PixelAccuracy, MeanIoU, F1) or give yours that argument"
+    )
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "saved" / "models").exists()
+    metrics = json.dumps(
+        [
+            {"type": name, "args": {"num_classes": NUM_CLASSES}}
+            for name in ("PixelAccuracy", "MeanIoU")
+        ]
+    )
+    result = run_main(
+        "train.py", "-c", str(config), *ignore, "--set", f"metrics={metrics}", "--run-id", "run"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report_path = tmp_path / "val.json"
+    checkpoint = tmp_path / "saved" / RUN / "run" / "checkpoint-epoch1.pth"
+    result = run_main(
+        "test.py", "-r", str(checkpoint), "--split", "val", "--json", str(report_path)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    reported = json.loads(report_path.read_text())["metrics"]
+    predicted = tmp_path / "predicted"
+    result = run_main(
+        "predict.py",
+        "-r",
+        str(checkpoint),
+        str(root / "val" / "images"),
+        "--out-dir",
+        str(predicted),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    right = labelled = 0  # over the labelled pixels of every validation mask
+    for truth_path in sorted((root / "val" / "masks").glob("*.png")):
+        truth = np.asarray(Image.open(truth_path))
+        predicted_mask = np.asarray(Image.open(predicted / truth_path.name))
+        right += int(((truth == predicted_mask) & (truth != 255)).sum())
+        labelled += int((truth != 255).sum())
+    assert labelled < 4 * 16 * 16  # the first rows are void
+    assert reported["val/PixelAccuracy"] == pytest.approx(right / labelled, abs=1e-9)
 
 
 def test_weighted_sampling_is_refused_in_one_line_and_folds_deal_masks_without_classes(tmp_path):
