@@ -77,7 +77,8 @@ def psnr(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     check_same_shape(output, target, "psnr")
     dtype = sum_dtype(output.device)
     error = output.to(dtype) - target.to(dtype)
-    squared_error = error.square().reshape(len(error), -1).mean(dim=1)  # (B,)
+    # (B, values per image): -1 would be ambiguous for an empty batch
+    squared_error = error.square().reshape(len(error), math.prod(error.shape[1:])).mean(dim=1)
     return (-10 * torch.log10(squared_error.clamp_min(1e-10))).sum()
 
 

@@ -480,6 +480,23 @@ def test_every_shipped_metric_runs_on_the_meta_device(name):
     assert sums.device == meta and sums.dim() <= 1
 
 
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_an_empty_batch_adds_nothing_to_any_shipped_metric(name):
+    """A batch of no samples (a user's collate may yield one) leaves every sum as it was; psnr
+    raised on it, reshaping 0 elements to (0, -1)."""
+    if name in CLASSIFICATION:
+        output, target = torch.randn(0, 4, 5, 5), torch.zeros(0, 5, 5, dtype=torch.long)
+    else:
+        output, target = torch.rand(0, 3, 5, 5), torch.rand(0, 3, 5, 5)
+    metric = SHIPPED[name]
+    sums = (
+        metric.batch_sums(output, target)
+        if hasattr(metric, "batch_sums")
+        else metric(output, target)
+    )
+    assert not sums.any(), sums
+
+
 # --- test-time augmentation ----------------------------------------------------------------------
 
 
@@ -516,9 +533,13 @@ def test_tta_of_a_per_pixel_model_is_that_model(num_examples):
         )
         with torch.no_grad():
             expected = model(images)
+            averaged = AverageOverViews(model, flip=flip, translate=translate, average=average)
+            if average == "probabilities" and expected.shape[1] == 1:  # no class scores
+                with pytest.raises(DataError, match=r"with K >= 2"):
+                    averaged(images)
+                return
             if average == "probabilities":
                 expected = expected.log_softmax(dim=1)
-            averaged = AverageOverViews(model, flip=flip, translate=translate, average=average)
             torch.testing.assert_close(averaged(images), expected, rtol=1e-6, atol=1e-6)
 
     check()
@@ -596,8 +617,14 @@ def test_tta_of_an_identity_denoiser_scores_100_db():
         (nn.Identity(), (2, 10), {"flip": True, "translate": 0},
          r"need batches of images \(B, C, H, W\), got inputs of shape \(2, 10\)"),
         (nn.Flatten(0), (2, 3, 4, 4), {"flip": True, "translate": 0, "average": "probabilities"},
-         r'tta_average "probabilities": needs class scores \(B, K\) or \(B, K, H, W\), got '
-         r"outputs of shape \(96,\)"),
+         r'tta_average "probabilities": needs class scores \(B, K\) or \(B, K, H, W\) with '
+         r"K >= 2, got outputs of shape \(96,\)"),
+        # One score a sample (a regression's): its softmax is 1, and the average would be 0.
+        (nn.Sequential(nn.Flatten(), nn.Linear(48, 1)), (2, 3, 4, 4),
+         {"flip": True, "translate": 0, "average": "probabilities"},
+         r"with K >= 2, got outputs of shape \(2, 1\)"),
+        (nn.Conv2d(3, 1, 1), (2, 3, 4, 4), {"flip": True, "translate": 1, "average": "probabilities"},
+         r"with K >= 2, got outputs of shape \(2, 1, 4, 4\)"),
     ],
 )  # fmt: skip
 def test_tta_refuses_what_it_cannot_map_back(model, inputs, options, message):

@@ -86,7 +86,8 @@ def test_outputs_per_image_are_the_weighted_mean_of_the_views(num_examples):
     )
     def check(batch, size, flip, translate, weight, num_outputs, average, seed):
         translate = min(translate, size - 1)
-        average = "logits" if not num_outputs else average  # (B,) has no classes to softmax
+        # (B,) and (B, 1) have no classes to softmax (a one-score head is refused)
+        average = "logits" if num_outputs < 2 else average
         model = classifier(size, num_outputs, seed)
         images = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():

@@ -94,10 +94,10 @@ class AverageOverViews(nn.Module):
         total = weight.sum(dim=0)  # > 0 everywhere: the plain view saw every pixel
         if self.average == "logits":
             return (outputs * weight).sum(dim=0) / total
-        if outputs.dim() < 3:
+        if outputs.dim() < 3 or outputs.shape[2] < 2:  # one score: its softmax is always 1
             raise DataError(
-                'trainer.tta_average "probabilities": needs class scores (B, K) or (B, K, H, W), '
-                f"got outputs of shape {tuple(outputs.shape[1:])}"
+                'trainer.tta_average "probabilities": needs class scores (B, K) or (B, K, H, W) '
+                f"with K >= 2, got outputs of shape {tuple(outputs.shape[1:])}"
             )
         # log(sum of weight x probability): the weight enters as its log (0 for weight 1),
         # and the views that did not see a pixel as -inf (weight 0).
