@@ -155,6 +155,7 @@ CASES = {
     "wrong suffix": (["--out", "{t}/m.onnx"], "--out {t}/m.onnx: a --format export file must end in"),
     "no folder": (["--out", "{t}/no/m.pt2"], "--out {t}/no/m.pt2: folder {t}/no not found"),
     "missing checkpoint": (["-r", "{t}/none.pth", "--out", "{t}/m.pt2"], "{t}/none.pth: checkpoint not found"),
+    "run folder": (["-r", "{t}", "--out", "{t}/m.pt2"], "{t}: a folder, not a checkpoint file; pass a checkpoint in it (e.g. {t}/model_best.pth)"),
     "no averaged weights": (["--ema", "--out", "{t}/m.pt2"], "{c}: holds no averaged weights"),
 }  # fmt: skip
 

@@ -238,6 +238,11 @@ CASES = {
         lambda t, c: [str(t / "x.png"), str(t / "x.png")],
         "{t}/x.png: not a readable checkpoint",
     ),
+    "run folder": (
+        lambda t, c: [str(t / "empty"), str(t / "x.png")],
+        "{t}/empty: a folder, not a checkpoint file; pass a checkpoint in it (e.g. "
+        "{t}/empty/model_best.pth)",
+    ),
     "no averaged weights": (
         lambda t, c: [c, str(t / "x.png"), "--ema"],
         "{c}: holds no averaged weights (trainer.ema_decay was off)",

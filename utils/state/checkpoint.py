@@ -95,6 +95,11 @@ def load_checkpoint(
     index and every record it names are there).
     """
     path = Path(path)
+    if path.is_dir():  # a run folder: test.py and train.py -r choose in it; the others do not
+        raise CheckpointError(
+            f"{path}: a folder, not a checkpoint file; pass a checkpoint in it (e.g. "
+            f"{path / 'model_best.pth'})"
+        )
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
