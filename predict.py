@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--out", metavar="FILE", help="also write one row per image to FILE.csv or FILE.json")
     add("--out-dir", metavar="DIR", help="a folder (made if missing) for the files a task writes "
         "per input, e.g. a segmenter's mask PNGs (loaders with prediction_rows)")
-    add("--force", action="store_true", help="let --out replace an existing file")
+    add("--force", action="store_true", help="let --out and --out-dir replace existing files "
+        "(never an input)")
     add("--batch-size", type=positive_int, default=64, metavar="N", help="default: 64")
     add("--weights", choices=["auto", "trained", "ema"], default="auto",
         help="trained, ema (the averaged weights) or auto (the default): those the run's "
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         out = output_path(args.out, args.force)  # refused before the work, not after it
-        rows, num_inputs, flat = predict(args)
+        rows, num_inputs, flat = predict(args, out)
         if out is not None:
             try:
                 write_text_atomic(out, format_rows(rows, out.suffix.lower(), flat=flat))
@@ -73,13 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def predict(args: argparse.Namespace) -> tuple[list[dict], int, bool]:
+def predict(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int, bool]:
     """(one row per prediction, the number of inputs, whether the rows are the loader's own
     flat rows): images, or the rows the checkpoint's data loader reads from each input (its
-    classmethod read_inputs); through its classmethod prediction_rows when it has one."""
+    classmethod read_inputs); through its classmethod prediction_rows when it has one. Every
+    input is read and every file to write checked before the first is written."""
     import data_loader.data_loaders as data_module
     from build import load_inference_model, weights_note
-    from utils.evaluation.predictions import image_paths, output_folder
+    from utils.evaluation.predictions import check_outputs, image_paths, output_folder
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which (stdout holds the predictions)
@@ -88,17 +90,32 @@ def predict(args: argparse.Namespace) -> tuple[list[dict], int, bool]:
     loader_class = config.lookup(data_module, section["type"], "data_loader.type")
     # A loader's own rows (prediction_rows): printed and written as they come, flat.
     flat = hasattr(loader_class, "prediction_rows")
-    out_dir = output_folder(args.out_dir, flat)
+    out_dir = output_folder(args.out_dir, loader_class)
     if hasattr(loader_class, "read_inputs"):
-        rows = predict_rows(args, model, config, state, loader_class, out_dir)
-        return rows, len(args.inputs), flat
-    paths = image_paths(args.inputs)
+        columns = state.get("feature_names")  # None: an older checkpoint
+        if columns is None and not flat:
+            note = "no feature names (an older checkpoint): columns are read by position"
+            print(f"warning: {args.resume}: {note}", file=sys.stderr)
+        section = config["data_loader"]["args"]
+        read = [loader_class.read_inputs(Path(text), section, columns) for text in args.inputs]
+        names = [name for batch_names, _ in read for name in batch_names]
+    else:
+        paths = image_paths(args.inputs)
+        names = [str(path) for path in paths]
+    planned = []  # (an input's name, a file its prediction_rows writes in out_dir)
+    if out_dir is not None:
+        files = loader_class.prediction_files
+        planned = [(name, out_dir / file) for name in names for file in files(name)]
+    check_outputs(planned, args.inputs, out=out, force=args.force)
+    if out_dir is not None:
+        out_dir.mkdir(exist_ok=True)
+    if hasattr(loader_class, "read_inputs"):
+        return predict_rows(args, model, state, loader_class, read, out_dir), len(args.inputs), flat
     if flat:  # images through the run's evaluation transform, then the loader's rows
         from build import input_transform
         from data_loader.data_loaders import load_image
 
         inputs = [input_transform(config)(load_image(str(path))) for path in paths]
-        names = [str(path) for path in paths]
         rows = hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)
         return rows, len(paths), flat
     return predict_images(args, paths, model, config, state), len(paths), flat
@@ -107,29 +124,23 @@ def predict(args: argparse.Namespace) -> tuple[list[dict], int, bool]:
 def predict_rows(
     args: argparse.Namespace,
     model: object,
-    config: object,
     state: dict,
     loader_class: type,
+    read: list[tuple[list[str], object]],
     out_dir: Path | None,
 ) -> list[dict]:
-    """The rows loader_class.read_inputs reads from each input, through the model: the rows of
-    its prediction_rows when it has one (then read_inputs may give a list of inputs of any
-    shapes, e.g. images of several sizes), else a classifier's top-k classes, else the output
-    values of each row."""
+    """The rows of what loader_class.read_inputs read from each input (read: its (names,
+    inputs) per input), through the model: the rows of its prediction_rows when it has one
+    (then read_inputs may give a list of inputs of any shapes, e.g. images of several sizes),
+    else a classifier's top-k classes, else the output values of each row."""
     import torch
 
     from utils import UserError
     from utils.evaluation.predictions import class_labels
 
     rows: list[dict] = []
-    # The training data's input columns, which the inputs are read by (None: an older checkpoint).
-    columns = state.get("feature_names")
     flat = hasattr(loader_class, "prediction_rows")
-    if columns is None and not flat:
-        note = "no feature names (an older checkpoint): columns are read by position"
-        print(f"warning: {args.resume}: {note}", file=sys.stderr)
-    for text in args.inputs:
-        names, inputs = loader_class.read_inputs(Path(text), config["data_loader"]["args"], columns)
+    for names, inputs in read:
         if flat:
             inputs = list(inputs)
             rows += hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)

@@ -60,34 +60,59 @@ def main(argv: list[str] | None = None) -> int:
     from parse_config import ConfigParser
     from utils import UserError
     from utils.distributed.device import gpu_indices
-    from utils.state.checkpoint import write_text_atomic
 
     try:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
+        outputs = output_paths(args)  # a bad path is refused before the work, not after it
         config = ConfigParser.from_args(args)
         results, image, global_step = evaluate_checkpoint(
             config, args.split, weights=args.weights, confusion_png=bool(args.confusion_png)
         )
-        try:
-            if args.json:  # atomic: a crash leaves the old file or the whole new one
-                write_text_atomic(Path(args.json), json.dumps(results, indent=4) + "\n")
-            if args.confusion_png and image is not None:
-                image.save(args.confusion_png, format="PNG")
-        except OSError as error:
-            raise UserError(f"{error.filename}: cannot write ({error.strerror})") from None
-        if image is not None:  # last: a bad --json or --confusion-png path touches nothing
-            tag = f"test.py/{args.split}_confusion_matrix" + ("_ema" if results["ema"] else "")
-            log_to_tensorboard(config, tag, image, global_step)
-        if args.confusion_png and image is None:
+        if args.confusion_png and image is None:  # before writing: exit 2 leaves the files be
             raise UserError(
                 "--confusion-png: no confusion matrix (the data has no classes, or the model's "
                 "outputs are not class scores)"
             )
+        write_outputs(outputs, results, image)
+        if image is not None:  # last: a bad --json or --confusion-png path touches nothing
+            tag = f"test.py/{args.split}_confusion_matrix" + ("_ema" if results["ema"] else "")
+            log_to_tensorboard(config, tag, image, global_step)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def output_paths(args: argparse.Namespace) -> dict[str, Path]:
+    """--json and --confusion-png as paths to write ({flag: path}), each checked; refused when
+    both name one file (the image would replace the report)."""
+    from utils import UserError
+    from utils.evaluation.predictions import writable_file
+
+    named = {"--json": args.json, "--confusion-png": args.confusion_png}
+    paths = {flag: writable_file(flag, text) for flag, text in named.items() if text}
+    if len(paths) == 2 and os.path.realpath(args.json) == os.path.realpath(args.confusion_png):
+        raise UserError(f"--json and --confusion-png: both name {args.json}")
+    return paths
+
+
+def write_outputs(paths: dict[str, Path], results: dict, image: "Image.Image | None") -> None:
+    """Write the report and the image where `paths` says, each atomically (a crash leaves the
+    old file or the whole new one)."""
+    from utils import UserError
+    from utils.state.checkpoint import write_atomic
+
+    report = (json.dumps(results, indent=4) + "\n").encode("utf-8")
+    writers = {
+        "--json": lambda file: file.write(report),
+        "--confusion-png": lambda file: image.save(file, format="PNG"),
+    }
+    for flag, path in paths.items():
+        try:
+            write_atomic(path, writers[flag])
+        except OSError as error:
+            raise UserError(f"{flag} {path}: cannot write ({error.strerror})") from None
 
 
 def evaluate_checkpoint(

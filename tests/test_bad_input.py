@@ -578,8 +578,32 @@ CASES = [
     case(
         "test",
         lambda env: ["-r", env.checkpoint, "--json", str(env.tmp / "no" / "dir" / "out.json")],
-        "{tmp}/no/dir/out.json: cannot write (No such file or directory)",
+        "--json {tmp}/no/dir/out.json: folder {tmp}/no/dir not found",
         case_id="test-json-unwritable",
+    ),
+    case(  # checked before the JSON is written: an existing report is kept as it was
+        "test",
+        lambda env: [
+            *["-r", env.checkpoint, "--json", env.write("kept.json", '{"kept": true}\n')],
+            *["--confusion-png", str(env.tmp / "no" / "dir" / "matrix.png")],
+        ],
+        "--confusion-png {tmp}/no/dir/matrix.png: folder {tmp}/no/dir not found",
+        case_id="test-png-unwritable-keeps-json",
+    ),
+    case(
+        "test",
+        lambda env: ["-r", env.checkpoint, "--json", str(env.tmp), "--confusion-png", "m.png"],
+        "--json {tmp}: is a folder",
+        case_id="test-json-is-a-folder",
+    ),
+    case(
+        "test",
+        lambda env: [
+            *["-r", env.checkpoint, "--json", env.write("both.json", "{}\n")],
+            *["--confusion-png", str(env.tmp / "both.json")],
+        ],
+        "--json and --confusion-png: both name {tmp}/both.json",
+        case_id="test-json-and-png-one-file",
     ),
 ]
 

@@ -191,6 +191,11 @@ def test_predict_reads_reordered_columns_beside_an_id_and_names_a_missing_one(tm
         assert result.returncode == 0 and not result.stderr, result.stderr
         printed.append([line.split()[1] for line in result.stdout.splitlines()])
     assert printed[0] == printed[1] and len(printed[0]) == 4
+    # --out never replaces an input (the user's data), not even with --force.
+    before = plain.read_bytes()
+    result = run_main("predict.py", "-r", str(best), str(plain), "--out", str(plain), "--force")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"--out {plain}: is an input" in result.stderr and plain.read_bytes() == before
     missing = write_csv(tmp_path / "missing.csv", ["a", "c"], [[a, c] for a, _, c in rows])
     result = run_main("predict.py", "-r", str(best), str(missing))
     assert result.returncode == 2 and result.stderr.count("\n") == 1

@@ -351,6 +351,53 @@ def test_predict_writes_a_mask_png_per_image_of_any_size(checkpoint, tmp_path):
     )
 
 
+def files_under(folder: Path) -> dict[str, str]:
+    """Every file under folder (relative name) -> its sha256."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_predict_out_dir_replaces_no_input_and_no_file_without_force(checkpoint, tmp_path):
+    """A refused --out-dir is one error line, exit 2, and nothing under tmp_path changed."""
+    images = tmp_path / "images"
+    for name in ("a/x", "b/x", "p", "q"):  # a/x.png and b/x.png: one mask name, x.png
+        (images / name).parent.mkdir(parents=True, exist_ok=True)
+        pixels = np.random.default_rng(len(name)).integers(0, 256, (16, 16, 3), np.uint8)
+        Image.fromarray(pixels).save(images / f"{name}.png")
+    (tmp_path / "masks").mkdir()
+    (tmp_path / "masks" / "q.png").write_bytes(b"the user's own file")
+
+    def refused(*args: str, expected: str) -> None:
+        before = files_under(tmp_path)
+        result = run_main("predict.py", "-r", str(checkpoint), *args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+        assert expected in result.stderr and result.stdout == ""
+        assert files_under(tmp_path) == before
+        assert not (tmp_path / "new").exists()  # an --out-dir to make is not made either
+
+    x_a, x_b = images / "a" / "x.png", images / "b" / "x.png"
+    refused(str(images / "a"), str(images / "b"), "--out-dir", str(tmp_path / "new"),
+            expected=f"{x_a} and {x_b} would both write {tmp_path / 'new' / 'x.png'}")  # fmt: skip
+    # The inputs themselves are never replaced, with --force too (a/x.png: its own mask name).
+    for force in ([], ["--force"]):
+        refused(str(images / "a"), "--out-dir", str(images / "a"), *force,
+                expected=f"{x_a} is an input")  # fmt: skip
+    # p.png's mask is new, q.png's exists: refused before p.png's is written.
+    refused(str(images / "p.png"), str(images / "q.png"), "--out-dir", str(tmp_path / "masks"),
+            expected=f"{tmp_path / 'masks' / 'q.png'} already exists; pass --force")  # fmt: skip
+    forced = run_main(
+        "predict.py", "-r", str(checkpoint), str(images / "p.png"), str(images / "q.png"),
+        "--out-dir", str(tmp_path / "masks"), "--force",
+    )  # fmt: skip
+    assert forced.returncode == 0, forced.stderr
+    assert sorted(files_under(tmp_path / "masks")) == ["p.png", "q.png"]
+    assert np.asarray(Image.open(tmp_path / "masks" / "q.png")).shape == (16, 16)
+
+
 def test_the_exported_unet_runs_on_another_image_size(checkpoint, tmp_path):
     out = tmp_path / "unet.pt2"
     result = run_main("export.py", "-r", str(checkpoint), "--out", str(out))

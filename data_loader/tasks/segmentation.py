@@ -7,6 +7,7 @@ On disk (write_segmentation writes this; a user's data looks the same):
 for split in train, val, test. Named in configs as data_loader.type "SegmentationDataLoader".
 """
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from torchvision.transforms import v2
 
 from base import BaseDataLoader
 from utils import ConfigValueError, UserError
+from utils.state.checkpoint import write_atomic
 from utils.util import DataError
 
 # The pixel statistics of write_segmentation's images, roughly: inputs near N(0, 1).
@@ -153,6 +155,12 @@ class SegmentationDataLoader(BaseDataLoader):
         return torch.randn(batch_size, 3, 32, 32, generator=generator)
 
     @classmethod
+    def prediction_files(cls, name: str) -> list[str]:
+        """predict.py: the files prediction_rows writes in --out-dir for the input `name` (its
+        mask, named by the image's stem), checked by predict.py before anything is written."""
+        return [f"{Path(name).stem}.png"]
+
+    @classmethod
     def prediction_rows(
         cls,
         names: list[str],
@@ -168,9 +176,10 @@ class SegmentationDataLoader(BaseDataLoader):
         rows = []
         for name, mask in zip(names, masks, strict=True):
             row: dict = {"path": name}
-            if out_dir is not None:
-                mask_path = out_dir / f"{Path(name).stem}.png"
-                Image.fromarray(mask).save(mask_path)
+            if out_dir is not None:  # replaces the name (not a file a link there points to)
+                (mask_path,) = (out_dir / file for file in cls.prediction_files(name))
+                save = functools.partial(Image.fromarray(mask).save, format="PNG")
+                write_atomic(mask_path, save, durable=False)  # save(file): the PNG into it
                 row["mask"] = str(mask_path)
             shares = np.bincount(mask.reshape(-1), minlength=len(class_names)) / mask.size
             row.update(

@@ -1,5 +1,6 @@
 """predict.py's files and names: where its rows go (--out, --out-dir), which files its inputs
-name, the class names of a checkpoint, and the rows as CSV or JSON."""
+name, the class names of a checkpoint, and the rows as CSV or JSON; the checks of an output
+file that test.py shares."""
 
 import csv
 import glob
@@ -12,6 +13,20 @@ from pathlib import Path
 from utils.util import UserError
 
 
+def writable_file(flag: str, text: str) -> Path:
+    """The file a flag names, checked before any work so that a bad path is refused before
+    anything is written: not a folder, in a folder that exists and that this process may
+    write in (files are written atomically: a new file there, renamed onto the name)."""
+    path = Path(text)
+    if path.is_dir():
+        raise UserError(f"{flag} {text}: is a folder")
+    if not path.parent.is_dir():
+        raise UserError(f"{flag} {text}: folder {path.parent} not found")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {text}: folder {path.parent} is not writable")
+    return path
+
+
 def output_path(out: str | None, force: bool) -> Path | None:
     """--out as a path to write, checked before any work: a .csv or .json file in a folder
     that exists, not an existing file unless --force."""
@@ -20,29 +35,68 @@ def output_path(out: str | None, force: bool) -> Path | None:
     path = Path(out)
     if path.suffix.lower() not in (".csv", ".json"):
         raise UserError(f"--out {out}: must end in .csv or .json")
-    if path.exists() and not force:
+    if path.exists() and not path.is_dir() and not force:
         raise UserError(f"--out {out}: already exists; pass --force to replace it")
-    if not path.parent.is_dir():
-        raise UserError(f"--out {out}: folder {path.parent} not found")
-    return path
+    return writable_file("--out", out)
 
 
-def output_folder(out_dir: str | None, hooked: bool) -> Path | None:
-    """--out-dir as a folder, made if missing; refused where the loader writes no files."""
+def output_folder(out_dir: str | None, loader_class: type) -> Path | None:
+    """--out-dir as a folder, checked (made later, by check_outputs' caller, once every check
+    has passed); refused where the loader declares no files per input (prediction_files)."""
     if out_dir is None:
         return None
-    if not hooked:
+    if not hasattr(loader_class, "prediction_files"):
         raise UserError(
             f"--out-dir {out_dir}: this checkpoint's data loader writes no files per input "
-            "(it has no prediction_rows)"
+            "(it has no prediction_files)"
         )
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out-dir {out_dir}: not a folder")
     if not path.parent.is_dir():
         raise UserError(f"--out-dir {out_dir}: folder {path.parent} not found")
-    path.mkdir(exist_ok=True)
     return path
+
+
+def check_outputs(
+    planned: list[tuple[str, Path]], inputs: list[str], *, out: Path | None, force: bool
+) -> None:
+    """Refuse, before anything is written, a run whose files (planned: (input name, a file
+    prediction_rows writes for it in --out-dir); --out) would replace one of the inputs (even
+    with --force: they are the user's data), an existing file without --force, or each other
+    (two inputs of one mask name: the second would replace the first's)."""
+    read = [Path(text) for text in inputs] + [Path(name) for name, _ in planned]
+    input_files = {file_id(path) for path in read if path.is_file()}
+    writers: dict[str, str] = {}  # a planned file (normalised) -> the input it is written for
+    existing = []
+    for name, path in planned:
+        key = os.path.normcase(os.path.abspath(path))
+        if writers.get(key, name) != name:
+            raise UserError(
+                f"--out-dir: {writers[key]} and {name} would both write {path}; predict them "
+                "into separate folders"
+            )
+        writers[key] = name
+        if path.is_file() and file_id(path) in input_files:
+            raise UserError(
+                f"--out-dir: {path} is an input; it is not replaced, even with --force: pass "
+                "another --out-dir"
+            )
+        if os.path.lexists(path):
+            existing.append(path)
+    if existing and not force:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise UserError(f"--out-dir: {existing[0]}{more} already exists; pass --force to replace")
+    if out is not None and os.path.normcase(os.path.abspath(out)) in writers:
+        raise UserError(f"--out {out}: also a file --out-dir writes; name another file")
+    if out is not None and out.is_file() and file_id(out) in input_files:
+        raise UserError(f"--out {out}: is an input; it is not replaced, even with --force")
+
+
+def file_id(path: Path) -> tuple[int, int]:
+    """(device, inode): one file under any of its names (links, ./, another case)."""
+    status = path.stat()
+    return status.st_dev, status.st_ino
 
 
 def image_paths(inputs: list[str]) -> list[Path]:
