@@ -184,9 +184,21 @@ class ConfigParser:
         return self.run_dir or save_dir / "models" / self.config["name"] / self.run_id
 
     @property
+    def experiment_log_dir(self) -> Path:
+        """saved/log/<name>, the logs of the experiment's runs. A resumed run's follow its run
+        folder, never another run's: <X>/log/<name> beside <X>/models/<name>/<run>, whatever
+        trainer.save_dir says; a run folder elsewhere (a copy) keeps them in its own log/."""
+        if self.run_dir is None:
+            return Path(self.config["trainer"]["save_dir"]) / "log" / self.config["name"]
+        run_dir = self.run_dir.absolute()
+        if run_dir.parent.parent.name == "models":
+            return run_dir.parent.parent.parent / "log" / run_dir.parent.name
+        return run_dir / "log"  # utils/state/run_folder.py LOG_FOLDER: not one of the run's files
+
+    @property
     def run_log_dir(self) -> Path:
-        """saved/log/<name>/<run_id>."""
-        return Path(self.config["trainer"]["save_dir"]) / "log" / self.config["name"] / self.run_id
+        """saved/log/<name>/<run_id>: experiment_log_dir/<run_id>."""
+        return self.experiment_log_dir / self.run_id
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -95,6 +95,8 @@ def run(config: "ConfigParser") -> None:
 
 
 def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -> None:
+    import contextlib
+
     from build import build_trainer
     from logger import setup_logging
     from utils import configure_torch, seed_everything
@@ -115,9 +117,12 @@ def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -
     point = on_rank0(find_resume_point, config)
     trainer.resume(point)
     trainer.check_first_batch()  # the data's dtypes and shapes against the model and the loss
-    on_rank0(prepare_run_folder, config, point)
-    setup_logging(config.log_dir, verbosity=verbosity, rank=info.rank)
-    trainer.fit()
+    # Rank 0 holds the run folder's lock from here until the run ends (also by an error): a
+    # second start there is refused. The OS lets it go if the process dies.
+    with contextlib.ExitStack() as locks:
+        on_rank0(prepare_run_folder, config, point, locks)
+        setup_logging(config.log_dir, verbosity=verbosity, rank=info.rank)
+        trainer.fit()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ class RunInfo:
     """The run a logger opens for."""
 
     log_dir: Path  # this run's log folder (a fold's own, in cross-validation)
-    experiment_dir: Path  # saved/log/<name>: the folder every run of the experiment shares
+    experiment_dir: Path  # saved/log/<name>, which the experiment's runs share (a copy: its log/)
     config: dict  # the effective config: the run's parameters
     experiment: str  # the config's name
     run_name: str  # the run id, and "/fold-<i>" when training one fold

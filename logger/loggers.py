@@ -111,7 +111,7 @@ def open_loggers(trainer: "BaseTrainer") -> Loggers:
     fold = "" if config.fold is None else f"/fold-{config.fold}"
     run = RunInfo(
         log_dir=config.log_dir,
-        experiment_dir=config.run_log_dir.parent,
+        experiment_dir=config.experiment_log_dir,
         config=config.config,
         experiment=config["name"],
         run_name=config.run_id + fold,

@@ -14,7 +14,7 @@ from conftest import ROOT
 import train
 from parse_config import ConfigError, ConfigParser
 from utils import ConfigValueError, UserError
-from utils.state.run_folder import find_resume_point
+from utils.state.run_folder import default_run_id, find_resume_point
 
 DELETE = object()  # marks a key to remove in a validation case
 
@@ -687,6 +687,19 @@ def test_dot_run_id_is_rejected(make_config, run_id):
         ConfigParser.from_args(namespace(config=str(make_config()), run_id=run_id))
 
 
+@pytest.mark.parametrize(
+    ("elastic_id", "expected"),
+    [("job-7.a", "job-7.a"), ("..", "own"), (".", "own"), ("a/b", "own"), ("none", "own")],
+)
+def test_torchruns_rendezvous_id_names_the_run_only_when_it_is_a_folder_name(
+    monkeypatch, elastic_id, expected
+):
+    """--rdzv-id=.. named saved/models/<name>/.. (the experiment's folder) the run folder;
+    what --run-id refuses falls back to the run id every rank is given."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", elastic_id)
+    assert default_run_id("own", lambda value: value) == expected
+
+
 @pytest.fixture
 def moved_run(make_config, tmp_path):
     """A run folder somewhere else than save_dir: config.json beside a checkpoint file."""
@@ -705,7 +718,8 @@ def test_resume_without_config_reads_the_config_beside_it(moved_run, tmp_path):
     assert parser.resume == moved_run
     assert parser.checkpoint_dir == moved_run.parent
     assert parser.run_id == "my-run"
-    assert parser.log_dir == tmp_path / "saved" / "log" / "Demo_CifarCNN" / "my-run"
+    # Its logs go with it, not into saved/log/Demo_CifarCNN/my-run: another run's, maybe.
+    assert parser.log_dir == moved_run.parent / "log" / "my-run"
     assert parser["trainer"]["epochs"] == 4
     assert sorted(tmp_path.rglob("*")) == before
 

@@ -4,13 +4,17 @@ or a renamed checkpoint continues its run; hypothesis searches the ways to start
 
 import hashlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_main, shrink
+from conftest import ROOT, run_main, shrink, wait_for_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,9 +134,12 @@ class Command:
     elastic_id: str | None  # TORCHELASTIC_RUN_ID: torchrun's --rdzv-id, the default run id
     auto_resume: bool
     epochs: int
+    folds: bool  # --folds 2 --fold 0: one fold of a cross-validation, in the run's fold-0/
 
     def args(self, config: Path, models: Path) -> list[str]:
-        args = ["--epochs", str(self.epochs)]
+        args = ["--epochs", str(self.epochs)] + (
+            ["--folds", "2", "--fold", "0"] if self.folds else []
+        )
         if self.source is not None:
             args += ["-r", str(models / self.source)]
         if self.config or self.source is None:
@@ -154,15 +161,18 @@ class Command:
 SOURCES = [
     "A", "A/checkpoint-epoch1.pth", "A/checkpoint-epoch2.pth", "A/model_best.pth", "A/kept.pth",
     "B", "B/checkpoint-epoch2-step11.pth", "B/mid.pth",
+    # A backup copy of A outside the save folder: resuming it must leave A's logs alone.
+    "../../../backup/A", "../../../backup/A/checkpoint-epoch1.pth",
 ]  # fmt: skip
 commands = st.builds(
     Command,
     source=st.sampled_from([None, *SOURCES]),
     config=st.booleans(),
     run_id=st.sampled_from([None, "A", "B", "C"]),
-    elastic_id=st.sampled_from([None, "A", "B", "C"]),
+    elastic_id=st.sampled_from([None, "A", "B", "C", ".."]),  # "..": no folder name
     auto_resume=st.booleans(),
     epochs=st.sampled_from([2, 3]),
+    folds=st.booleans(),
 )
 
 
@@ -187,6 +197,9 @@ def test_no_command_that_writes_changes_another_runs_files(two_runs: Path, num_e
     def check(command: Command) -> None:
         shutil.rmtree(save_dir)
         shutil.copytree(pristine, save_dir)
+        backup = two_runs.parent / "backup" / "A"
+        shutil.rmtree(backup, ignore_errors=True)
+        shutil.copytree(pristine / "models" / RUN / "A", backup)
         env = {"TORCHELASTIC_RUN_ID": command.elastic_id} if command.elastic_id else None
         code, stderr = train(*command.args(two_runs, models), env=env)
         if code == 2:
@@ -201,3 +214,141 @@ def test_no_command_that_writes_changes_another_runs_files(two_runs: Path, num_e
                 assert after[run] == files, f"{command} changed run {run}"
 
     check()
+
+
+# --- issue: a run folder another process trains in, or that holds another kind of run ----------
+
+
+def plain_demo(folder: Path, **trainer: object) -> Path:
+    """The shrunk demo for a real train.py process (no StopAt), 1 epoch, no TensorBoard."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), folder / "saved")
+    config["trainer"].update({"epochs": 1, "tensorboard": False, **trainer})
+    path = folder / "plain.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_a_new_run_into_a_folder_another_process_trains_in_is_refused(tmp_path: Path, spawn):
+    """While the first run is in epoch 1, its folder holds only config.json (what a run that
+    stopped before its first checkpoint leaves); a second start with the same --run-id must
+    not take it over: one line, exit 2, nothing of the first run changed, and the first run
+    then finishes with its own config."""
+    config = plain_demo(tmp_path, len_epoch=150)  # an epoch long enough to be caught inside
+    run_dir = tmp_path / "saved" / "models" / RUN / "D"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    first = spawn(
+        [sys.executable, "train.py", "-c", str(config), "--run-id", "D"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_for_file(first, run_dir / "config.json")
+    os.kill(first.pid, signal.SIGSTOP)  # held in epoch 1: the folder cannot change meanwhile
+    try:
+        assert not (run_dir / "checkpoint-epoch1.pth").exists()
+        before = fingerprints(tmp_path / "saved")
+        code, output = train("-c", str(config), "--run-id", "D", "--lr", "0.01")
+        assert code == 2, output[-2000:]
+        assert "in use by another process" in output.splitlines()[-1] and str(run_dir) in output
+        assert fingerprints(tmp_path / "saved") == before
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=300) == 0, first.communicate()[0][-3000:]
+    state = torch.load(run_dir / "checkpoint-epoch1.pth", weights_only=True)
+    assert state["config"]["optimizer"]["args"]["lr"] == 0.003
+    assert json.loads((run_dir / "config.json").read_text())["optimizer"]["args"]["lr"] == 0.003
+
+
+def test_a_run_written_between_the_check_and_the_start_is_not_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Two starts at the same moment: both find no run; the one that comes second to the folder
+    finds the other's there (here: a finished run, written in between) and is refused."""
+    import utils.state.run_folder as run_folder
+
+    config = plain_demo(tmp_path)
+    assert train("-c", str(config), "--run-id", "other")[0] == 0
+    models = tmp_path / "saved" / "models" / RUN
+    real = run_folder.find_resume_point
+    calls = []
+
+    def other_run_meanwhile(parser, *args):  # the other process's run lands after this one's check
+        point = real(parser, *args)
+        if not calls:
+            shutil.copytree(models / "other", models / "D")
+        calls.append(parser)
+        return point
+
+    monkeypatch.setattr(run_folder, "find_resume_point", other_run_meanwhile)
+    code, output = train("-c", str(config), "--run-id", "D", "--lr", "0.01")
+    assert code == 2 and "this run already exists" in output.splitlines()[-1], output[-2000:]
+    runs = fingerprints(tmp_path / "saved")  # D: the other run's files alone, untouched
+    assert runs["D"] == {
+        name: digest for name, digest in runs["other"].items() if "models/" in name
+    }
+
+
+def test_cross_validation_refuses_a_run_folder_that_holds_another_run(tmp_path: Path):
+    """--folds into an ordinary run's id, an ordinary run (auto_resume) into a cross-validation's,
+    another number of folds: one line, nothing changed. One fold at a time into one run id (a
+    SLURM array) still fills one cross-validation and summarises it."""
+    config = plain_demo(tmp_path)
+    save_dir = tmp_path / "saved"
+    assert train("-c", str(config), "--run-id", "A")[0] == 0
+    assert train("-c", str(config), "--folds", "2", "--fold", "0", "--run-id", "cv")[0] == 0
+    before = fingerprints(save_dir)
+    for args in (
+        ["--folds", "2", "--run-id", "A"],
+        ["--folds", "2", "--fold", "1", "--run-id", "A"],
+        ["--run-id", "cv", "--set", "trainer.auto_resume=true"],
+        ["--folds", "3", "--fold", "1", "--run-id", "cv"],
+    ):
+        code, output = train("-c", str(config), *args)
+        assert code == 2 and output.splitlines()[-1].startswith("error: "), (args, output[-2000:])
+        assert "Traceback" not in output
+        assert fingerprints(save_dir) == before, args
+    code, output = train("-c", str(config), "--folds", "2", "--fold", "1", "--run-id", "cv")
+    assert code == 0, output[-2000:]
+    assert (save_dir / "models" / RUN / "cv" / "folds_summary.json").is_file()
+    auto = ["--set", "trainer.auto_resume=true"]  # a requeued fold job: its fold is done
+    assert train("-c", str(config), "--folds", "2", "--fold", "1", "--run-id", "cv", *auto)[0] == 0
+
+
+def test_resuming_a_copy_of_a_run_leaves_the_original_runs_logs_alone(tmp_path: Path):
+    """A backup copy outside saved/models/<name>/ keeps its resumed logs in its own log/; a copy
+    in another save folder's layout, in that folder's log/<name>/<run>."""
+    config = plain_demo(tmp_path, epochs=2, loggers=["csv"], tensorboard=True)
+    save_dir = tmp_path / "saved"
+    assert train("-c", str(config), "--run-id", "A")[0] == 0
+    backup = tmp_path / "backup" / "A"
+    elsewhere = tmp_path / "elsewhere" / "models" / RUN / "A"
+    shutil.copytree(save_dir / "models" / RUN / "A", backup)
+    shutil.copytree(save_dir / "models" / RUN / "A", elsewhere)
+    before = fingerprints(save_dir)
+    code, output = train("-r", str(backup / "checkpoint-epoch1.pth"), "--lr", "0.1")
+    assert code == 0, output[-2000:]
+    assert fingerprints(save_dir) == before
+    rows = (backup / "log" / "A" / "metrics.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows] == ["epoch", "2"]  # what the copy trained
+    code, output = train("-r", str(elsewhere), "--epochs", "3")
+    assert code == 0, output[-2000:]
+    assert fingerprints(save_dir) == before
+    assert (tmp_path / "elsewhere" / "log" / RUN / "A" / "metrics.csv").is_file()
+
+
+def test_a_file_system_that_cannot_lock_trains_unlocked_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """flock fails with ENOLCK on some cluster file systems (Lustre mounted without flock): the
+    run goes on as before the lock existed, and says that a second start is not noticed."""
+    import errno
+
+    import utils.state.run_lock as run_lock
+
+    def cannot_lock(file: object, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(run_lock.fcntl, "flock", cannot_lock)
+    code, output = train("-c", str(plain_demo(tmp_path)), "--run-id", "D")
+    assert code == 0, output[-2000:]
+    assert "cannot lock" in output and "a second start in this run folder is not noticed" in output
+    run_dir = tmp_path / "saved" / "models" / RUN / "D"
+    assert (run_dir / "checkpoint-epoch1.pth").is_file()

@@ -18,14 +18,13 @@ import torch
 
 from utils.distributed.process_group import ProcessInfo, broadcast_object
 from utils.state.checkpoint import load_checkpoint, write_text_atomic
-from utils.state.run_folder import default_run_id
+from utils.state.run_folder import SUMMARY, default_run_id
 from utils.state.timeline import choose
 
 if TYPE_CHECKING:
     from parse_config import ConfigParser
 
 RESULT = "result.json"
-SUMMARY = "folds_summary.json"
 
 
 def write_fold_result(config: "ConfigParser") -> dict:
