@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.confusion_png and image is None:  # before writing: exit 2 leaves the files be
             raise UserError(
-                "--confusion-png: no confusion matrix (the data has no classes, or the model's "
-                "outputs are not class scores)"
+                "--confusion-png: no confusion matrix (the data has no classes, the model's "
+                "outputs are not class scores, or a label is no class nor ignore_index)"
             )
         write_outputs(outputs, results, image)
         if image is not None:  # last: a bad --json or --confusion-png path touches nothing
@@ -165,7 +165,11 @@ def evaluate_checkpoint(
     load_model_state(trainer.model, state, path, ema=ema)
     class_names = trainer.data.class_names()
     # Classifiers (logits (B, C), labels (B,)): exact counts[true class, predicted class].
-    confusion = ConfusionMatrix(len(class_names), device) if class_names else None
+    confusion = (
+        ConfusionMatrix(len(class_names), device, trainer.data.ignore_index)
+        if class_names
+        else None
+    )
     observe = confusion.add if confusion is not None else None
     metrics = trainer.evaluate(trainer.data.eval_loader(split), split, observe=observe)
     num_samples = int(metrics.pop(f"{split}/num_samples"))
@@ -193,9 +197,9 @@ def evaluate_checkpoint(
         "per_class": {},
         "confusion_matrix": None,
     }
-    if confusion is None or not confusion.complete:
+    counts = confusion.all_ranks() if confusion is not None else None  # (C, C), all ranks'
+    if counts is None:
         return results, None, state["global_step"]
-    counts = confusion.all_ranks()  # (C, C), summed over the ranks
     results.update(confusion_results(counts, class_names))
     for name, scores in results["per_class"].items():
         shown = ["n/a" if scores[key] is None else f"{scores[key]:.4f}" for key in SCORES]

@@ -212,7 +212,7 @@ class BaseTrainer(abc.ABC):
         agreed = int(all_reduce_max(torch.tensor(self.stop.signum or 0, device=self.device)))
         if self.confusion is not None and (epoch == self.epochs or self.monitor.should_stop):
             counts = self.confusion.all_ranks()  # the run's final validation; a collective
-            if self.confusion.complete:
+            if counts is not None:
                 self.loggers.log_confusion_matrix(counts, self.data.class_names(), self.global_step)
         # The last epoch (also an early-stopped or interrupted one) is always saved.
         last = epoch == self.epochs or self.monitor.should_stop or bool(agreed)

@@ -99,7 +99,11 @@ def validate(trainer: "BaseTrainer") -> dict[str, float]:
     sync_buffers(unwrap_model(trainer.model))
     # Classifiers (data with class names) count their confusion matrix on the device.
     num_classes = len(trainer.data.class_names())
-    trainer.confusion = ConfusionMatrix(num_classes, trainer.device) if num_classes else None
+    trainer.confusion = (
+        ConfusionMatrix(num_classes, trainer.device, trainer.data.ignore_index)
+        if num_classes
+        else None
+    )
     observe = trainer.confusion.add if trainer.confusion is not None else None
     metrics = trainer.evaluate(trainer.val_loader, "val", observe)
     del metrics["val/num_samples"]  # the same every epoch: logged once at the start

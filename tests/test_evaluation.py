@@ -30,6 +30,7 @@ from model.metric import (
     top_5_acc,
     top_k_acc,
 )
+from utils.evaluation.confusion import ConfusionMatrix
 from utils.evaluation.metric_sums import MetricSums, StepOutput, to_metrics
 from utils.evaluation.tta import AverageOverViews
 from utils.util import ConfigValueError, DataError, UserError
@@ -293,6 +294,60 @@ def test_dense_metrics_equal_torchmetrics_whatever_the_batches(num_examples):
             cut = metrics_over(built, logits, target, split)  # integer counts: exact
             assert cut.keys() == whole.keys()
             assert all(close(cut[key], whole[key], 0.0) for key in whole), (cut, whole)
+
+    check()
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_confusion_matrix_equals_scikit_learn_leaving_out_ignore_index(num_examples):
+    """The confusion matrix test.py writes and the trainer logs, of logits (B, C) against labels
+    (B,) some of which are the data's ignore_index (an unlabelled sample: -100, 255, or a class
+    left out): scikit-learn's of the labelled samples, whatever the batch cuts, the order and
+    the number of ranks. A label neither a class nor ignore_index leaves no matrix, on every
+    rank alike (the metrics refuse the split), rather than an index error or a wrong one."""
+    metrics = pytest.importorskip("sklearn.metrics")
+
+    @settings(max_examples=num_examples)
+    @given(
+        num_samples=st.integers(1, 30),
+        num_classes=st.integers(2, 5),
+        ignore=st.sampled_from(["none", -100, 255, "class"]),
+        stray=st.booleans(),
+        seed=st.integers(0, 2**16),
+        data=st.data(),
+    )
+    def check(num_samples, num_classes, ignore, stray, seed, data):
+        generator = torch.Generator().manual_seed(seed)
+        logits = torch.randn(num_samples, num_classes, generator=generator)
+        target = torch.randint(num_classes, (num_samples,), generator=generator)
+        ignore_index = {"none": None, "class": data.draw(st.integers(0, num_classes - 1))}.get(
+            ignore, ignore
+        )
+        if isinstance(ignore, int):  # about a third of the samples unlabelled
+            target[torch.rand(num_samples, generator=generator) < 0.3] = ignore
+        if stray:  # one label that is no class and not ignore_index
+            target[data.draw(st.integers(0, num_samples - 1))] = num_classes + 7
+        split = data.draw(splits(num_samples))
+        order, bounds = split["order"], [0, *split["cuts"], num_samples]
+        totals = torch.zeros(num_classes * num_classes + 1, dtype=torch.int64)
+        for rank in range(split["num_ranks"]):  # each rank's counts, added as the all-reduce does
+            matrix = ConfusionMatrix(num_classes, torch.device("cpu"), ignore_index)
+            for start, end in list(itertools.pairwise(bounds))[rank :: split["num_ranks"]]:
+                rows = order[start:end]
+                matrix.add(StepOutput(torch.zeros(()), logits[rows], target[rows]))
+            totals += matrix.counts
+        matrix.counts = totals  # all_ranks on one process: the sum is the rank's own
+        counts = matrix.all_ranks()
+        if stray:
+            assert counts is None
+            return
+        kept = target != ignore_index if ignore_index is not None else torch.ones_like(target) > 0
+        expected = np.zeros((num_classes, num_classes), np.int64)  # scikit-learn refuses none
+        if kept.any():
+            expected = metrics.confusion_matrix(
+                target[kept], logits.argmax(dim=1)[kept], labels=range(num_classes)
+            )
+        assert counts.tolist() == expected.tolist()
 
     check()
 

@@ -14,6 +14,7 @@ import torch
 from conftest import ENTRY_POINTS, ROOT, shrink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import data_loader.data_loaders as data_module
 import train
 from logger import ExperimentLogger, Loggers, check_logger_packages
 from logger.csv_logger import CsvLogger
@@ -172,7 +173,7 @@ def test_confusion_matrix_counts_and_scores_match_a_hand_computed_example():
     assert class_scores([[1, 0], [0, 0]], ["x", "y"])["y"]["f1"] is None
     # Outputs that are not (B, C) logits leave no matrix to show, rather than a wrong one.
     matrix.add(StepOutput(loss=torch.zeros(()), output=torch.zeros(2, 5), target=torch.zeros(2)))
-    assert not matrix.complete
+    assert matrix.all_ranks() is None
 
     image = draw_confusion_matrix(counts, ["a", "b", "c"])
     pixels = image.load()
@@ -182,6 +183,27 @@ def test_confusion_matrix_counts_and_scores_match_a_hand_computed_example():
     diagonal = pixels[left + cell + 2, top + cell + 2]
     off_diagonal = pixels[left + 2, top + cell + 2]
     assert sum(diagonal) < sum(off_diagonal) < 3 * 255
+
+
+def test_test_py_leaves_the_datas_ignore_index_out_of_the_confusion_matrix(
+    make_config, monkeypatch, tmp_path
+):
+    """A classifier whose data declares an ignore_index (here class 0, a class left out): the
+    matrix test.py reports is the whole one with that row emptied, as the loss and F1 skip those
+    samples, not the whole one (nor an index error, for a label such as -100)."""
+    metrics = [{"type": "F1", "args": {"num_classes": 10}}]  # a metric that takes ignore_index
+    path = make_config(metrics=metrics, **{"trainer.epochs": 1, "trainer.monitor": "max val/F1"})
+    monkeypatch.setattr(data_module.SyntheticDataLoader, "ignore_index", 0)
+    assert train.main(["-c", str(path), "--run-id", "run"]) == 0
+    run_dir, report = tmp_path / "saved" / RUN / "run", tmp_path / "report.json"
+    evaluate = ["-r", str(run_dir), "--split", "val", "--json", str(report)]
+    assert ENTRY_POINTS["test"].main(evaluate) == 0
+    left_out = json.loads(report.read_text())["confusion_matrix"]
+    monkeypatch.setattr(data_module.SyntheticDataLoader, "ignore_index", None)
+    assert ENTRY_POINTS["test"].main(evaluate) == 0
+    whole = json.loads(report.read_text())["confusion_matrix"]
+    assert sum(whole[0]) > 0  # the split has samples of class 0
+    assert left_out == [[0] * 10, *whole[1:]]
 
 
 def stopped_and_resumed(tmp_path: Path, loggers: list[str], **options) -> Path:

@@ -16,17 +16,22 @@ MIN_COUNTED_CELL = 24  # smaller cells go without their count written in
 
 
 class ConfusionMatrix:
-    """counts[true class, predicted class] over every sample added, kept on the device.
+    """counts[true class, predicted class] over every sample added, kept on the device; samples
+    whose target is ignore_index (the data's: no class, e.g. unlabelled) are left out.
 
     Adding a batch never waits for the device: scatter_add_ needs no host read (bincount would,
     for its size), and on a 1-d tensor it has a deterministic CUDA implementation.
     """
 
-    def __init__(self, num_classes: int, device: torch.device) -> None:
-        self.num_classes = num_classes
-        self.counts = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
-        # False once a batch was not (logits (B, C), labels (B,)): there is no matrix to show.
-        self.complete = True
+    def __init__(
+        self, num_classes: int, device: torch.device, ignore_index: int | None = None
+    ) -> None:
+        self.num_classes, self.ignore_index = num_classes, ignore_index
+        # The C * C cells, row-major, then one slot that spoils the matrix when it is not 0: a
+        # batch that was not (logits (B, C), labels (B,)), or a target neither a class nor
+        # ignore_index (the metrics refuse those). Summed over the ranks with the cells, so that
+        # every rank agrees whether there is a matrix to show.
+        self.counts = torch.zeros(num_classes * num_classes + 1, dtype=torch.int64, device=device)
 
     @torch.no_grad()
     def add(self, result: StepOutput) -> None:
@@ -41,15 +46,31 @@ class ConfusionMatrix:
             and not target.is_floating_point()
         )
         if not shapes_fit:
-            self.complete = False
+            self.counts[-1] += 1
             return
         predicted = output.argmax(dim=1)  # (B,)
-        cells = target.long() * self.num_classes + predicted  # row-major index of (true, predicted)
-        self.counts.scatter_add_(0, cells, torch.ones_like(cells))
+        target = target.long()
+        in_range = (target >= 0) & (target < self.num_classes)
+        ignored = (
+            target == self.ignore_index
+            if self.ignore_index is not None
+            else torch.zeros_like(in_range)
+        )
+        # (B,) row-major indices of (true, predicted); a target out of range goes to the last
+        # slot (an index out of range would be a device-side assert on a GPU), adding 1 unless
+        # it is ignore_index.
+        cells = torch.where(
+            in_range, target * self.num_classes + predicted, self.counts.numel() - 1
+        )
+        self.counts.scatter_add_(0, cells, (~ignored).long())
 
-    def all_ranks(self) -> torch.Tensor:
-        """The (num_classes, num_classes) counts summed over every rank (a collective), on the CPU."""
-        return all_reduce_sum(self.counts.clone()).view(self.num_classes, -1).cpu()
+    def all_ranks(self) -> torch.Tensor | None:
+        """The (num_classes, num_classes) counts summed over every rank (a collective), on the CPU;
+        None where there is no matrix to show (see __init__), rather than a wrong one."""
+        counts = all_reduce_sum(self.counts.clone()).cpu()
+        if counts[-1]:
+            return None
+        return counts[:-1].view(self.num_classes, self.num_classes)
 
 
 def class_scores(counts: list[list[int]], class_names: list[str]) -> dict[str, dict]:
