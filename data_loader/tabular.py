@@ -33,8 +33,8 @@ def read_csv(
     """(features float32 (N, F), the `target` column (None without one), feature names) of a CSV
     file with a header row. The features are the columns named `features`, in that order, the
     other columns left out; by default every column but the target, in the file's order."""
-    try:
-        with path.open(newline="", encoding="utf-8") as file:
+    try:  # utf-8-sig: Excel's "CSV UTF-8" starts with a byte order mark, not part of a name
+        with path.open(newline="", encoding="utf-8-sig") as file:
             rows = list(csv.reader(file))
     except OSError as error:
         raise DataError(f"{path}: cannot read ({error.strerror})") from None

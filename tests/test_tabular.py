@@ -219,6 +219,25 @@ def test_predict_reads_reordered_columns_beside_an_id_and_names_a_missing_one(tm
     assert expected in result.stderr
 
 
+def test_a_csv_file_with_a_byte_order_mark_reads_as_one_without(tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a byte order mark: not part of the first name."""
+    rows = features(6).tolist()
+    for header in (["a", "b", "c", "target"], ["target", "a", "b", "c"]):
+        table = [[*row, 1.5] if header[0] == "a" else [1.5, *row] for row in rows]
+        plain = write_csv(tmp_path / "plain.csv", header, table)
+        marked = tmp_path / "marked.csv"
+        marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+        expected = TabularDataLoader(csv=str(plain), batch_size=2, seed=0)
+        data = TabularDataLoader(csv=str(marked), batch_size=2, seed=0)
+        assert data.feature_names() == expected.feature_names() == ["a", "b", "c"]
+        (inputs, targets), (plain_inputs, plain_targets) = data.table(), expected.table()
+        assert np.array_equal(inputs, plain_inputs) and np.array_equal(targets, plain_targets)
+        # predict.py: the columns by the model's names
+        _, inputs = TabularDataLoader.read_inputs(marked, {}, ["a", "b", "c"])
+        _, plain_inputs = TabularDataLoader.read_inputs(plain, {}, ["a", "b", "c"])
+        assert torch.equal(inputs, plain_inputs)
+
+
 # --- item 5: a resume refuses rows re-sorted or edited ------------------------------------------
 
 
