@@ -4,6 +4,7 @@ configs/tabular.json (a regression) and configs/wine.json (a classification)."""
 
 import csv
 import hashlib
+import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -59,22 +60,29 @@ def read_csv(
     try:
         values = np.asarray([[row[i] for i in positions] for row in body], dtype=np.float64)
     except ValueError:
-        raise not_a_number(path, body, dict(zip(wanted, positions, strict=True))) from None
+        values = None
+    # float() reads "nan" and "inf" too: a missing value, refused like an empty cell (one NaN
+    # feature makes the standardisation, and so every output, NaN; a NaN label a class).
+    if values is None or not np.isfinite(values).all():
+        raise not_a_number(path, body, dict(zip(wanted, positions, strict=True)))
     labels = values[:, len(columns)] if len(wanted) > len(columns) else None
     return values[:, : len(columns)].astype(np.float32), labels, columns
 
 
 def not_a_number(path: Path, body: list[list[str]], positions: dict[str, int]) -> DataError:
-    """The error naming the first value of the columns read (name: position) that is not one."""
+    """The error naming the first value of the columns read (name: position) that is not a
+    finite number."""
     for line, row in enumerate(body, start=2):
         for name, position in positions.items():
             try:
-                float(row[position])
+                finite = math.isfinite(float(row[position]))
             except ValueError:
+                finite = False
+            if not finite:
                 return DataError(
-                    f"{path}:{line}: column {name!r}: {row[position]!r} is not a number"
+                    f"{path}:{line}: column {name!r}: {row[position]!r} is not a finite number"
                 )
-    return DataError(f"{path}: every value must be a number")
+    return DataError(f"{path}: every value must be a finite number")
 
 
 class TabularDataLoader(BaseDataLoader):

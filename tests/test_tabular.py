@@ -7,6 +7,7 @@ run per item trains, predicts or resumes through the entry points, in-process (r
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_loader.tabular import TabularDataLoader
+from utils.util import DataError
 
 
 def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
@@ -236,6 +238,25 @@ def test_a_csv_file_with_a_byte_order_mark_reads_as_one_without(tmp_path):
         _, inputs = TabularDataLoader.read_inputs(marked, {}, ["a", "b", "c"])
         _, plain_inputs = TabularDataLoader.read_inputs(plain, {}, ["a", "b", "c"])
         assert torch.equal(inputs, plain_inputs)
+
+
+@pytest.mark.parametrize("cell", ["nan", "NaN", "inf", "-Infinity"])
+@pytest.mark.parametrize("column", ["b", "target"])
+def test_a_missing_or_infinite_value_is_refused_with_its_line_and_column(tmp_path, cell, column):
+    """float() reads "nan" and "inf": a NaN feature would make every output NaN, a NaN label a
+    class of its own. Refused like an empty cell, for training and for predict.py."""
+    header = ["a", "b", "c", "target"]
+    table = [[*row, index % 2] for index, row in enumerate(features(6).tolist())]
+    table[3][header.index(column)] = cell
+    path = write_csv(tmp_path / "table.csv", header, table)
+    expected = f"{path}:5: column {column!r}: {cell!r} is not a finite number"
+    for task in ("regression", "classification"):
+        data = TabularDataLoader(csv=str(path), task=task, batch_size=2, seed=0)
+        with pytest.raises(DataError, match=re.escape(expected)):
+            data.table()
+    if column != "target":
+        with pytest.raises(DataError, match=re.escape(expected)):
+            TabularDataLoader.read_inputs(path, {}, ["a", "b", "c"])
 
 
 # --- item 5: a resume refuses rows re-sorted or edited ------------------------------------------
