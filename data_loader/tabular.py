@@ -39,6 +39,11 @@ def read_csv(
             rows = list(csv.reader(file))
     except OSError as error:
         raise DataError(f"{path}: cannot read ({error.strerror})") from None
+    except UnicodeDecodeError as error:  # e.g. Excel's plain "CSV", in the system's code page
+        byte = error.object[error.start]
+        raise DataError(
+            f"{path}: not UTF-8 text (byte 0x{byte:02x}): save it as CSV UTF-8"
+        ) from None
     if len(rows) < 2:
         raise DataError(f"{path}: a header row and at least one row of values are needed")
     header, body = rows[0], rows[1:]

@@ -240,6 +240,17 @@ def test_a_csv_file_with_a_byte_order_mark_reads_as_one_without(tmp_path):
         assert torch.equal(inputs, plain_inputs)
 
 
+def test_a_csv_file_not_in_utf_8_is_refused_in_one_line(tmp_path):
+    """Excel's plain "CSV" is in the system's code page (Windows-1252 on Western systems)."""
+    path = tmp_path / "table.csv"
+    path.write_bytes("größe,b,target\n1,2,3\n4,5,6\n".encode("cp1252"))
+    expected = f"{path}: not UTF-8 text (byte 0xf6): save it as CSV UTF-8"
+    with pytest.raises(DataError, match=re.escape(expected)):
+        TabularDataLoader(csv=str(path), batch_size=2, seed=0).table()
+    with pytest.raises(DataError, match=re.escape(expected)):
+        TabularDataLoader.read_inputs(path, {}, ["b"])
+
+
 @pytest.mark.parametrize("cell", ["nan", "NaN", "inf", "-Infinity"])
 @pytest.mark.parametrize("column", ["b", "target"])
 def test_a_missing_or_infinite_value_is_refused_with_its_line_and_column(tmp_path, cell, column):
