@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from PIL import Image
 
+    from base.base_data_loader import BaseDataLoader
     from parse_config import ConfigParser
 
 SCORES = ("recall", "precision", "f1")  # per class, printed in this order
@@ -160,7 +161,7 @@ def evaluate_checkpoint(
             )
         if change is not None:
             logger.warning("%s: the data changed since this checkpoint (%s).", path, change)
-    check_feature_names(state.get("feature_names"), trainer.data.feature_names(), path)
+    check_names(state, trainer.data, path)
     state["ema_chosen"] = ema = use_averaged_weights(state, weights)
     load_model_state(trainer.model, state, path, ema=ema)
     class_names = trainer.data.class_names()
@@ -227,16 +228,23 @@ def breakdown_table(metrics: dict[str, float]) -> list[str]:
     return lines
 
 
-def check_feature_names(saved: list[str] | None, current: list[str], path: Path) -> None:
-    """Refuse data whose feature columns are not the model's, in its order (a table's loader
-    reads them in the file's order). saved None: a checkpoint from before they were kept."""
+def check_names(state: dict, data: "BaseDataLoader", path: Path) -> None:
+    """Refuse data whose feature columns or classes are not the model's, in its order: a table's
+    loader reads its columns in the file's order and numbers its classes by their sorted label
+    values, so an edited file would be scored against other inputs or other classes. A list the
+    checkpoint lacks (one from before it was kept) is not checked."""
     from utils import UserError
 
-    if saved is not None and current != saved:
-        raise UserError(
-            f"{path}: the data's feature columns ({', '.join(current)}) are not the model's, in "
-            f"the order it trained on ({', '.join(saved)})"
-        )
+    for key, what, current in (
+        ("feature_names", "feature columns", data.feature_names()),
+        ("class_names", "classes", data.class_names()),
+    ):
+        saved = state.get(key)
+        if saved is not None and current != saved:
+            raise UserError(
+                f"{path}: the data's {what} ({', '.join(current)}) are not the model's, in the "
+                f"order it trained on ({', '.join(saved)})"
+            )
 
 
 def log_to_tensorboard(config: "ConfigParser", tag: str, image: "Image.Image", step: int) -> None:

@@ -133,6 +133,17 @@ def test_labels_1_to_3_train_3_classes_and_predict_prints_the_labels(tmp_path):
     assert [line.split()[1] for line in result.stdout.splitlines()] == [
         str(["1", "2", "3"].index(row["labels"][0])) for row in plain
     ]
+    # test.py on the file with label 1 renamed 4: its classes 2, 3, 4 would be the model's 1, 2,
+    # 3 (a row of class 2 scored right when predicted "1"); refused, not scored.
+    assert run_main("test.py", "-r", str(best)).returncode == 0
+    table = tmp_path / "labels0.csv"
+    table.write_text(table.read_text().replace(",1\n", ",4\n"))
+    result = run_main("test.py", "-r", str(best))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    expected = (
+        "the data's classes (2, 3, 4) are not the model's, in the order it trained on (1, 2, 3)"
+    )
+    assert expected in result.stderr
 
 
 # --- item 4: predict.py reads the features by name ----------------------------------------------
