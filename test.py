@@ -150,18 +150,21 @@ def evaluate_checkpoint(
     # The run's own trainer, validation step, precision and memory format: --split val
     # reproduces the validation of the run.
     trainer = build_trainer(config, ProcessInfo(), device, logger, training=False)
-    current = trainer.data.fingerprint()["val"] if split == "val" and state.get("data") else None
-    if current is not None:  # the validation split the run validated on?
-        saved = {"train": None, "val": state["data"].get("val")}
-        change = data_change(saved, {"train": None, "val": current})
+    check_names(state, trainer.data, path)
+    # The validation split the run validated on? The test split, where the checkpoint kept it
+    # (a table's, carved from the rows that trained: rows added would move some of those in)?
+    saved = state.get("data")
+    checked = saved is not None and (split == "val" or saved.get(split) is not None)
+    current = trainer.data.fingerprint() if checked else {}
+    if current.get(split) is not None:  # none: the data has no such split, said below
+        change = data_change(saved, current, (split,))
         if change is not None and not config.allow_data_change:
             raise UserError(
-                f"{path}: --split val: the data changed since this checkpoint ({change}); "
+                f"{path}: --split {split}: the data changed since this checkpoint ({change}); "
                 "pass --allow-data-change to evaluate this data anyway"
             )
         if change is not None:
             logger.warning("%s: the data changed since this checkpoint (%s).", path, change)
-    check_names(state, trainer.data, path)
     state["ema_chosen"] = ema = use_averaged_weights(state, weights)
     load_model_state(trainer.model, state, path, ema=ema)
     class_names = trainer.data.class_names()

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from base.base_data_loader import BaseDataLoader
-from utils.data.splits import holdout_split
+from utils.data.splits import holdout_split, split_digest
 from utils.util import ConfigValueError, DataError
 
 # scikit-learn's bundled data sets (sklearn.datasets.load_<name>), and the task each is for.
@@ -175,6 +175,13 @@ class TabularDataLoader(BaseDataLoader):
         """A digest of each row of `split` (its features and target as read), for fingerprint():
         a resume refuses rows re-sorted, replaced or edited since its checkpoint."""
         return [self._row_ids[row] for row in self.rows(split)]
+
+    def fingerprint(self) -> dict:
+        """BaseDataLoader's, and the test split's, which test.py checks: carved from the same
+        rows, it is reshuffled by a row added or removed, and would then hold rows that trained."""
+        rows = self.sample_ids("test")
+        test = split_digest("test", len(rows), np.arange(len(rows)), rows)
+        return {**super().fingerprint(), "test": test}
 
     def load_split(self, split: str) -> Dataset:
         features, targets = self.table()

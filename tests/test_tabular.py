@@ -285,18 +285,17 @@ def test_a_missing_or_infinite_value_is_refused_with_its_line_and_column(tmp_pat
 
 
 def held_rows(path: Path) -> tuple[list, list]:
-    """The loader of a regression CSV, and the rows (features and target) its training and its
-    validation share hold, in order."""
+    """The loader of a regression CSV, and the rows (features and target) its training share,
+    its validation share and its test split hold, in order."""
     data = TabularDataLoader(csv=str(path), batch_size=4, seed=0, validation_split=0.25)
     inputs, targets = data.dataset("train").tensors
     rows = torch.cat([inputs, targets], dim=1)
-    return data, [rows[indices].tolist() for indices in data.split_indices()]
+    test = torch.cat(data.dataset("test").tensors, dim=1).tolist()
+    return data, [*(rows[indices].tolist() for indices in data.split_indices()), test]
 
 
 @pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
-def test_the_fingerprint_changes_exactly_when_the_rows_that_train_or_validate_do(
-    tmp_path, num_examples
-):
+def test_the_fingerprint_changes_exactly_when_the_rows_of_a_split_do(tmp_path, num_examples):
     @settings(max_examples=num_examples)
     @given(
         num_rows=st.integers(4, 30),
@@ -354,3 +353,29 @@ def test_a_resume_refuses_rows_re_sorted_or_one_value_changed_unless_allowed(tmp
         assert run_main("test.py", *test_val).returncode == (2 if val_changed else 0)
     resumed = run_main("train.py", "-r", str(run_dir), "--epochs", "3", "--allow-data-change")
     assert resumed.returncode == 0 and "The data changed since" in resumed.stdout + resumed.stderr
+
+
+def test_test_py_refuses_a_test_split_reshuffled_by_rows_added_since_training(tmp_path):
+    x = features(130)
+    lines = [",".join(map(str, [*row, row[0] - row[2]])) for row in x.tolist()]
+    table = tmp_path / "table.csv"
+    table.write_text("".join(f"{line}\n" for line in ["a,b,c,target", *lines[:120]]))
+    assert (
+        run_main("train.py", "-c", str(csv_config(tmp_path, table)), "--run-id", "r").returncode
+        == 0
+    )
+    best = tmp_path / "saved" / "models" / "Diabetes_MLP" / "r" / "model_best.pth"
+    assert run_main("test.py", "-r", str(best)).returncode == 0
+    data = TabularDataLoader(csv=str(table), batch_size=16, seed=0, validation_split=0.2)
+    trained = set(data.sample_ids("train"))  # the rows that trained or validated
+    # Ten rows more: the test split is drawn anew from 130 rows, and holds rows that trained.
+    table.write_text("".join(f"{line}\n" for line in ["a,b,c,target", *lines]))
+    after = TabularDataLoader(csv=str(table), batch_size=16, seed=0, validation_split=0.2)
+    assert set(after.sample_ids("test")) & trained
+    result = run_main("test.py", "-r", str(best))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "--split test: the data changed since this checkpoint (test split: 26 samples, 24 " in (
+        result.stderr
+    )
+    allowed = run_main("test.py", "-r", str(best), "--allow-data-change")
+    assert allowed.returncode == 0 and "the data changed since" in allowed.stdout + allowed.stderr

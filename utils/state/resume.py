@@ -107,13 +107,19 @@ def check_data(trainer: "BaseTrainer", state: dict, path: object) -> None:
     )
 
 
-def data_change(saved: dict | None, current: dict) -> str | None:
-    """What differs between two data fingerprints (BaseDataLoader.fingerprint), in words."""
+SPLIT_NAMES = {"train": "training split", "val": "validation split", "test": "test split"}
+
+
+def data_change(
+    saved: dict | None, current: dict, splits: tuple[str, ...] = ("train", "val")
+) -> str | None:
+    """What differs between two data fingerprints (BaseDataLoader.fingerprint) in `splits`, in
+    words. By default the splits that train and validate: what a resume continues on."""
     if saved is None:  # a format 1 checkpoint: nothing to compare with
         return None
     changes = []
-    for split, name in (("train", "training split"), ("val", "validation split")):
-        before, now = saved.get(split), current.get(split)
+    for split in splits:
+        name, before, now = SPLIT_NAMES[split], saved.get(split), current.get(split)
         if before == now:
             continue
         if before is None or now is None:
