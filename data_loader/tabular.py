@@ -30,13 +30,18 @@ TASKS = ("regression", "classification")
 
 def read_csv(
     path: Path, target: str | None, features: list[str] | None = None
-) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
-    """(features float32 (N, F), the `target` column (None without one), feature names) of a CSV
-    file with a header row. The features are the columns named `features`, in that order, the
-    other columns left out; by default every column but the target, in the file's order."""
+) -> tuple[np.ndarray, np.ndarray | None, list[str], list[int]]:
+    """(features float32 (N, F), the `target` column (None without one), feature names, the line
+    of the file each row starts on) of a CSV file with a header row. The features are the
+    columns named `features`, in that order, the other columns left out; by default every
+    column but the target, in the file's order."""
     try:  # utf-8-sig: Excel's "CSV UTF-8" starts with a byte order mark, not part of a name
         with path.open(newline="", encoding="utf-8-sig") as file:
-            rows = list(csv.reader(file))
+            reader = csv.reader(file)
+            rows, ends = [], []
+            for row in reader:  # a quoted cell may hold line breaks: a row is not a line
+                rows.append(row)
+                ends.append(reader.line_num)
     except OSError as error:
         raise DataError(f"{path}: cannot read ({error.strerror})") from None
     except UnicodeDecodeError as error:  # e.g. Excel's plain "CSV", in the system's code page
@@ -47,6 +52,7 @@ def read_csv(
     if len(rows) < 2:
         raise DataError(f"{path}: a header row and at least one row of values are needed")
     header, body = rows[0], rows[1:]
+    lines = [end + 1 for end in ends[:-1]]  # each row starts after the one before it ends
     repeated = [name for name, count in Counter(header).items() if count > 1]
     if repeated:
         raise DataError(f"{path}: two columns are named {repeated[0]!r}")
@@ -58,7 +64,7 @@ def read_csv(
             f"{len(columns)} feature columns by name (other columns are left out)"
         )
     wanted = [*columns, target] if target in header and target not in columns else columns
-    for line, row in enumerate(body, start=2):
+    for line, row in zip(lines, body, strict=True):
         if len(row) != len(header):
             raise DataError(f"{path}:{line}: {len(row)} values, but the header has {len(header)}")
     positions = [header.index(name) for name in wanted]
@@ -69,15 +75,17 @@ def read_csv(
     # float() reads "nan" and "inf" too: a missing value, refused like an empty cell (one NaN
     # feature makes the standardisation, and so every output, NaN; a NaN label a class).
     if values is None or not np.isfinite(values).all():
-        raise not_a_number(path, body, dict(zip(wanted, positions, strict=True)))
+        raise not_a_number(path, body, lines, dict(zip(wanted, positions, strict=True)))
     labels = values[:, len(columns)] if len(wanted) > len(columns) else None
-    return values[:, : len(columns)].astype(np.float32), labels, columns
+    return values[:, : len(columns)].astype(np.float32), labels, columns, lines
 
 
-def not_a_number(path: Path, body: list[list[str]], positions: dict[str, int]) -> DataError:
+def not_a_number(
+    path: Path, body: list[list[str]], lines: list[int], positions: dict[str, int]
+) -> DataError:
     """The error naming the first value of the columns read (name: position) that is not a
-    finite number."""
-    for line, row in enumerate(body, start=2):
+    finite number, and its line."""
+    for line, row in zip(lines, body, strict=True):
         for name, position in positions.items():
             try:
                 finite = math.isfinite(float(row[position]))
@@ -141,7 +149,7 @@ class TabularDataLoader(BaseDataLoader):
         keeps the values: labels 1..3 are classes 0..2 named "1", "2", "3")."""
         if self._table is None:
             if self.csv is not None:
-                features, targets, self._features = read_csv(Path(self.csv), self.target)
+                features, targets, self._features, _ = read_csv(Path(self.csv), self.target)
                 if targets is None:
                     raise DataError(
                         f"{self.csv}: no column named {self.target!r} (data_loader.args.target)"
@@ -216,10 +224,10 @@ class TabularDataLoader(BaseDataLoader):
         keeps), in the model's order; other columns are left out. A checkpoint from before the
         names were kept gives None: then every column but the target, by position."""
         if feature_names is not None:
-            features, _, _ = read_csv(path, None, feature_names)
+            features, _, _, lines = read_csv(path, None, feature_names)
         else:
-            features, _, _ = read_csv(path, args.get("target", "target"))
-        return [f"{path}:{row + 2}" for row in range(len(features))], torch.from_numpy(features)
+            features, _, _, lines = read_csv(path, args.get("target", "target"))
+        return [f"{path}:{line}" for line in lines], torch.from_numpy(features)
 
     @classmethod
     def example_inputs(cls, args: dict, model: torch.nn.Module, batch_size: int) -> torch.Tensor:

@@ -281,6 +281,29 @@ def test_a_missing_or_infinite_value_is_refused_with_its_line_and_column(tmp_pat
             TabularDataLoader.read_inputs(path, {}, ["a", "b", "c"])
 
 
+def test_predict_names_each_row_by_the_line_it_starts_on_after_a_cell_of_several_lines(tmp_path):
+    """A spreadsheet's notes may hold line breaks (a quoted cell): the rows are named, and a bad
+    value reported, by the line of the file they start on, not by their number."""
+    path = write_csv(
+        tmp_path / "rows.csv",
+        ["notes", "a", "b", "c"],
+        [["one line", 1, 2, 3], ["two\nlines", 4, 5, 6], ["", 7, 8, 9], ["", 1, 1, 1]],
+    )
+    names, inputs = TabularDataLoader.read_inputs(path, {}, ["a", "b", "c"])
+    assert names == [f"{path}:{line}" for line in (2, 3, 5, 6)]
+    assert inputs[:, 0].tolist() == [1, 4, 7, 1]
+    lines = path.read_text().splitlines()
+    assert [lines[line - 1] for line in (2, 3, 5, 6)] == [
+        "one line,1,2,3",
+        '"two',
+        ",7,8,9",
+        ",1,1,1",
+    ]
+    path.write_text(path.read_text().replace(",7,8,9", ",seven,8,9"))
+    with pytest.raises(DataError, match=re.escape(f"{path}:5: column 'a': 'seven' is not a")):
+        TabularDataLoader.read_inputs(path, {}, ["a", "b", "c"])
+
+
 # --- item 5: a resume refuses rows re-sorted or edited ------------------------------------------
 
 
