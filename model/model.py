@@ -131,6 +131,19 @@ class TabularMLP(BaseModel):
         if not (isinstance(in_features, int) and in_features > 0):
             raise ConfigValueError(f"in_features must be a positive integer, got {in_features!r}")
         hidden = [64, 64] if hidden is None else hidden
+        if not (isinstance(hidden, list | tuple) and all(_positive_int(size) for size in hidden)):
+            raise ConfigValueError(
+                f"hidden must be a list of positive integers (the hidden layers' widths), got "
+                f"{hidden!r}"
+            )
+        # num_classes 1 would be a classifier of one class: its target left unstandardised.
+        if num_classes is not None and not (_positive_int(num_classes) and num_classes >= 2):
+            raise ConfigValueError(
+                f"num_classes must be at least 2 (a classifier), or null for a regression (one "
+                f"output), got {num_classes!r}"
+            )
+        if not (isinstance(dropout, int | float) and 0 <= dropout < 1):
+            raise ConfigValueError(f"dropout must be a fraction in [0, 1), got {dropout!r}")
         self.in_features = in_features
         if num_classes is not None:
             self.num_classes = num_classes  # a classifier: the Trainer checks the labels

@@ -304,6 +304,30 @@ def test_predict_names_each_row_by_the_line_it_starts_on_after_a_cell_of_several
         TabularDataLoader.read_inputs(path, {}, ["a", "b", "c"])
 
 
+@pytest.mark.parametrize(
+    ("arch_args", "message"),
+    [
+        # One output: a classifier of one class, whose targets are left unstandardised.
+        ({"num_classes": 1}, "num_classes must be at least 2 (a classifier), or null for a"),
+        ({"num_classes": 0}, "num_classes must be at least 2 (a classifier), or null for a"),
+        ({"hidden": 64}, "hidden must be a list of positive integers (the hidden layers' widths)"),
+        ({"hidden": [0]}, "hidden must be a list of positive integers"),  # a constant model
+        ({"hidden": [-4]}, "hidden must be a list of positive integers"),
+        ({"dropout": 1.5}, "dropout must be a fraction in [0, 1), got 1.5"),
+    ],
+)
+def test_model_arguments_that_cannot_work_are_refused_in_one_line(tmp_path, arch_args, message):
+    x = features(40)
+    table = write_csv(tmp_path / "table.csv", ["a", "b", "c", "target"],
+                      [[*row, row[0] + 2 * row[1]] for row in x.tolist()])  # fmt: skip
+    config = json.loads(csv_config(tmp_path, table).read_text())
+    config["arch"]["args"].update(arch_args)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = run_main("train.py", "-c", str(tmp_path / "config.json"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert message in result.stderr
+
+
 # --- item 5: a resume refuses rows re-sorted or edited ------------------------------------------
 
 
