@@ -162,21 +162,31 @@ class TabularMLP(BaseModel):
         """Mean and standard deviation of every feature (and a regression's target) over the
         training split: inputs and outputs then start near 0 and 1 whatever their units."""
         samples = data.training_samples()
-        features = torch.stack([features for features, _ in samples]).float()  # (N, F)
+        # float64: float32 sums round, and a column of 10000.1 would vary by 0.002.
+        features = torch.stack([features for features, _ in samples]).double()  # (N, F)
         if features.shape[1] != self.in_features:
             raise ConfigValueError(
                 f"in_features is {self.in_features}, but the data has {features.shape[1]} "
                 f"features: set arch.args.in_features to {features.shape[1]}"
             )
         self.input_mean.copy_(features.mean(dim=0))
-        self.input_std.copy_(features.std(dim=0).clamp(min=1e-6))
+        self.input_std.copy_(spread(features))
         if not hasattr(self, "num_classes"):
-            targets = torch.stack([torch.as_tensor(target) for _, target in samples]).float()
-            self.target_mean.copy_(targets.mean().reshape(1))
-            self.target_std.copy_(targets.std().clamp(min=1e-6).reshape(1))
+            targets = torch.stack([torch.as_tensor(target) for _, target in samples]).double()
+            targets = targets.reshape(-1, 1)  # (N, 1)
+            self.target_mean.copy_(targets.mean(dim=0))
+            self.target_std.copy_(spread(targets))
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         output = self.network((inputs - self.input_mean) / self.input_std)
         if hasattr(self, "num_classes"):
             return output  # logits (B, num_classes)
         return output * self.target_std + self.target_mean  # (B, 1) in the target's units
+
+
+def spread(values: torch.Tensor) -> torch.Tensor:
+    """The standard deviation of each column of values (N, K) over its rows; 1 for a column
+    constant there, which is centred and left unscaled (as scikit-learn's StandardScaler does):
+    a new value in it is not multiplied by the inverse of a rounding error."""
+    constant = (values == values[0]).all(dim=0)  # (K,)
+    return torch.where(constant, torch.ones_like(constant, dtype=values.dtype), values.std(dim=0))

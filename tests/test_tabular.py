@@ -7,6 +7,7 @@ run per item trains, predicts or resumes through the entry points, in-process (r
 
 import csv
 import json
+import math
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_loader.tabular import TabularDataLoader
+from model.model import TabularMLP
 from utils.util import DataError
 
 
@@ -326,6 +328,59 @@ def test_model_arguments_that_cannot_work_are_refused_in_one_line(tmp_path, arch
     result = run_main("train.py", "-c", str(tmp_path / "config.json"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert message in result.stderr
+
+
+class Rows:
+    """What TabularMLP.fit_data reads of a data loader: the training share's (features, target)."""
+
+    def __init__(self, features: np.ndarray, targets: np.ndarray) -> None:
+        self.samples = list(
+            zip(torch.from_numpy(features), torch.from_numpy(targets).unsqueeze(1), strict=True)
+        )
+
+    def training_samples(self) -> list:
+        return self.samples
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_model_standardises_its_inputs_as_the_float64_statistics_of_the_training_rows(
+    num_examples,
+):
+    """Each feature minus its mean over the training rows, over their standard deviation; a
+    feature constant there is left unscaled (scikit-learn's StandardScaler does the same), so a
+    new row that differs in it is not multiplied by a million."""
+
+    @settings(max_examples=num_examples)
+    @given(
+        num_rows=st.integers(2, 60),
+        columns=st.lists(
+            st.tuples(
+                st.floats(-6, 6).map(lambda power: math.copysign(10 ** abs(power), power)),
+                st.sampled_from([0.0, 1e-2, 1.0, 1e3]),  # spread 0: a constant column
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+        seed=st.integers(0, 2**16),
+    )
+    def check(num_rows: int, columns: list[tuple[float, float]], seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        means, spreads = np.array(columns).T
+        features = (means + spreads * rng.normal(size=(num_rows, len(columns)))).astype(np.float32)
+        targets = rng.normal(size=num_rows).astype(np.float32)
+        model = TabularMLP(in_features=len(columns), hidden=[4])
+        model.fit_data(Rows(features, targets))
+        exact = features.astype(np.float64)
+        std = exact.std(axis=0, ddof=1)
+        constant = (exact == exact[0]).all(axis=0)
+        assert np.allclose(model.input_mean.numpy(), exact.mean(axis=0), rtol=1e-6, atol=0)
+        expected = np.where(constant, 1.0, std)
+        assert np.allclose(model.input_std.numpy(), expected, rtol=1e-5, atol=0), (
+            model.input_std,
+            expected,
+        )
+
+    check()
 
 
 # --- item 5: a resume refuses rows re-sorted or edited ------------------------------------------
