@@ -35,8 +35,11 @@ class NoisyShapesDataLoader(BaseDataLoader):
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)
-        if not noise_std > 0:
-            raise ConfigValueError(f"noise_std must be > 0, got {noise_std!r}")
+        for name, value in (("num_train", num_train), ("num_test", num_test)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (isinstance(noise_std, int | float) and noise_std > 0):
+            raise ConfigValueError(f"noise_std must be a number > 0, got {noise_std!r}")
         self.sizes = {"train": num_train, "test": num_test}
         self.data_seed = data_seed
         self.noise_std = noise_std

@@ -7,6 +7,7 @@ model is that model, for every output shape it accepts, and refuses the others."
 import itertools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -449,6 +450,22 @@ def test_a_stateful_metric_logs_its_breakdown_beside_its_value():
 def test_dense_metric_arguments_that_cannot_work_are_refused(args, message):
     with pytest.raises(ConfigValueError, match=message):
         MeanIoU(**args)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"num_train": 4e3}, "num_train must be a positive integer, got 4000.0"),  # JSON's 4e3
+        ({"num_train": -5}, "num_train must be a positive integer, got -5"),
+        ({"num_test": 0}, "num_test must be a positive integer, got 0"),
+        ({"noise_std": "0.2"}, "noise_std must be a number > 0, got '0.2'"),
+        ({"noise_std": 0}, "noise_std must be a number > 0, got 0"),
+    ],
+)
+def test_denoising_data_arguments_that_cannot_work_are_refused(args, message):
+    """configs/denoise.json's data, as SyntheticDataLoader's: a config error, not a traceback."""
+    with pytest.raises(ConfigValueError, match=re.escape(message)):
+        NoisyShapesDataLoader(**{"num_train": 40, "num_test": 8, **args}, batch_size=4, seed=0)
 
 
 @pytest.mark.parametrize(("mean", "spread"), [(300.0, 1.0), (1e4, 1.0), (1e6, 1.0)])
