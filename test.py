@@ -243,11 +243,17 @@ def check_names(state: dict, data: "BaseDataLoader", path: Path) -> None:
         ("class_names", "classes", data.class_names()),
     ):
         saved = state.get(key)
-        if saved is not None and current != saved:
+        if saved is not None and list(current) != list(saved):
             raise UserError(
-                f"{path}: the data's {what} ({', '.join(current)}) are not the model's, in the "
-                f"order it trained on ({', '.join(saved)})"
+                f"{path}: the data's {what} ({listed(current)}) are not the model's, in the "
+                f"order it trained on ({listed(saved)})"
             )
+
+
+def listed(names: list, most: int = 10) -> str:
+    """names, comma-separated, the first `most` of a longer list (ImageNet's 1000 classes)."""
+    shown = ", ".join(map(str, names[:most]))
+    return shown if len(names) <= most else f"{shown}, ... ({len(names)} in all)"
 
 
 def log_to_tensorboard(config: "ConfigParser", tag: str, image: "Image.Image", step: int) -> None:

@@ -20,6 +20,7 @@ import data_loader.data_loaders as data_module
 import model.loss as loss_module
 import model.metric as metric_module
 import model.model as arch_module
+from utils import UserError
 
 RUN_NAME = "Demo_CifarCNN"
 
@@ -691,3 +692,29 @@ def test_bad_input_in_a_subprocess(env, script, build, expected):
     assert result.returncode == 2, result.stderr
     assert_one_error_line(result.stderr, expected_text(expected, env))
     assert snapshot(env.tmp) == before
+
+
+def test_other_classes_are_refused_in_one_short_line():
+    """test.py's class check (the data's class i is scored against the model's output i): equal
+    lists pass, a shift is refused, and ImageNet's 1000 names are not printed whole."""
+    check_names = ENTRY_POINTS["test"].check_names
+
+    class Data:
+        def __init__(self, classes: list[str]) -> None:
+            self.classes = classes
+
+        def feature_names(self) -> list[str]:
+            return []
+
+        def class_names(self) -> list[str]:
+            return self.classes
+
+    names = [f"n{index:08d}" for index in range(1000)]
+    state = {"feature_names": [], "class_names": names}
+    check_names(state, Data(list(names)), Path("ckpt.pth"))
+    check_names({}, Data(names[1:]), Path("ckpt.pth"))  # a checkpoint that kept no names
+    with pytest.raises(UserError) as error:
+        check_names(state, Data(names[1:]), Path("ckpt.pth"))
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 400, message
+    assert "n00000001, n00000002" in message and "(999 in all)" in message, message
