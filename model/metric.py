@@ -183,6 +183,14 @@ class MeanAveragePrecision:
     name it for validation, where detectors make detections (trainer/detection.py)."""
 
     def __init__(self, iou_threshold: float | None = 0.5, backend: str = "pycocotools") -> None:
+        # torchmetrics takes any value and pycocotools clips it: 50 (meant as mAP@50) would
+        # count only boxes of IoU 1, a negative one every box.
+        is_number = isinstance(iou_threshold, int | float) and not isinstance(iou_threshold, bool)
+        if iou_threshold is not None and not (is_number and 0 < iou_threshold <= 1):
+            raise ConfigValueError(
+                "MeanAveragePrecision: iou_threshold must be a number in (0, 1] (0.5: mAP@0.5), "
+                f"or null for COCO's 0.5 to 0.95, got {iou_threshold!r}"
+            )
         self.iou_threshold, self.backend = iou_threshold, backend
         self.metric = self.reference()  # refuses a missing backend before anything is written
         self.images: list[tuple[dict, dict]] = []  # under torchrun: (output, target) per image

@@ -247,6 +247,24 @@ def test_an_unknown_map_backend_is_refused_in_one_line():
     assert "\n" not in str(error.value)
 
 
+@needs_map
+@pytest.mark.parametrize("iou_threshold", [50, 1.5, 0, -0.5, True, "0.5"])
+def test_an_iou_threshold_outside_0_to_1_is_refused_before_training(
+    data_dir, tmp_path, iou_threshold
+):
+    """torchmetrics takes any number and pycocotools clips it: iou_threshold 50 (meant as
+    mAP@50) counted only boxes of IoU 1, a silent mAP of about 0; -0.5 counted every box."""
+    metrics = [{"type": "MeanAveragePrecision", "args": {"iou_threshold": iou_threshold}}]
+    config = tiny_config(tmp_path, data_dir, metrics=metrics)
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"error: {config}: metrics[0].args: MeanAveragePrecision: iou_threshold must be a number "
+        f"in (0, 1] (0.5: mAP@0.5), or null for COCO's 0.5 to 0.95, got {iou_threshold!r}"
+    )
+    assert not (tmp_path / "saved").exists()
+
+
 # --- end to end: train.py, test.py, export.py on the files ----------------------------------------
 
 
