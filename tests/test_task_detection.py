@@ -90,6 +90,21 @@ def test_the_files_load_as_images_and_one_dict_of_boxes_per_image(data_dir):
     assert sum(len(target["labels"]) for target in data.dataset("train").targets) == num_rows
 
 
+def test_an_image_without_boxes_has_int64_labels_too(tmp_path):
+    """An image without rows: boxes (0, 4) and labels int64 (0,), the dtype of every other
+    image's (torch.tensor([]) is float32, which torch.cat of a batch's labels then spreads)."""
+    write_detection(tmp_path, num_train=4, num_test=3)
+    with open(tmp_path / "test" / "boxes.csv", newline="") as file:
+        rows = [row for row in csv.reader(file) if row[0] != "00001.png"]
+    with open(tmp_path / "test" / "boxes.csv", "w", newline="") as file:
+        csv.writer(file).writerows(rows)
+    _, targets = next(iter(loader(tmp_path).eval_loader("test")))
+    assert [len(target["labels"]) for target in targets][1] == 0
+    assert all(target["labels"].dtype == torch.int64 for target in targets)
+    assert targets[1]["boxes"].shape == (0, 4)
+    assert torch.cat([target["labels"] for target in targets]).dtype == torch.int64
+
+
 @pytest.mark.parametrize(
     ("row", "message"),
     [

@@ -123,7 +123,10 @@ class BoxImages(Dataset):
                     "boxes": torch.tensor([box for _, box in rows], dtype=torch.float32).view(
                         -1, 4
                     ),
-                    "labels": torch.tensor([class_names.index(name) for name, _ in rows]),
+                    # int64 also for an image without boxes (torch.tensor([]) is float32).
+                    "labels": torch.tensor(
+                        [class_names.index(name) for name, _ in rows], dtype=torch.int64
+                    ),
                 }
             )
 
