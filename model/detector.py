@@ -47,9 +47,25 @@ class TinyDetector(BaseModel):
         max_detections: int = 50,
     ) -> None:
         super().__init__()
-        if num_classes < 1 or width < 1:
+        # Out of range, each would train without a word: no detections (score_threshold 5, a
+        # percent; max_detections 0), no suppression (nms_threshold 50), no box to learn
+        # (centre_radius 0), the last detection dropped (max_detections -1).
+        for name, value in (
+            ("num_classes", num_classes),
+            ("width", width),
+            ("max_detections", max_detections),
+        ):
+            if type(value) is not int or value < 1:
+                raise ConfigValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not (is_number(centre_radius) and centre_radius > 0):
+            raise ConfigValueError(f"centre_radius must be a number > 0, got {centre_radius!r}")
+        if not (is_number(score_threshold) and 0 <= score_threshold < 1):
             raise ConfigValueError(
-                f"num_classes and width must be >= 1, got {num_classes}, {width}"
+                f"score_threshold must be a number in [0, 1), got {score_threshold!r}"
+            )
+        if not (is_number(nms_threshold) and 0 <= nms_threshold <= 1):
+            raise ConfigValueError(
+                f"nms_threshold must be a number in [0, 1], got {nms_threshold!r}"
             )
         self.num_classes, self.centre_radius = num_classes, centre_radius
         self.score_threshold, self.nms_threshold = score_threshold, nms_threshold
@@ -132,6 +148,11 @@ class TinyDetector(BaseModel):
                  "labels": labels[kept]}
             )  # fmt: skip
         return detections
+
+
+def is_number(value: object) -> bool:
+    """An int or a float, not a bool (JSON's true would pass as 1)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def cell_centres(size: torch.Size, device: torch.device) -> torch.Tensor:

@@ -34,7 +34,7 @@ from model.detector import TinyDetector
 from model.loss import sum_of_losses
 from model.metric import accuracy
 from utils.evaluation.metric_sums import MetricSums, StepOutput
-from utils.util import DataError
+from utils.util import ConfigValueError, DataError
 
 HAS_MAP = all(importlib.util.find_spec(name) for name in ("torchmetrics", "pycocotools"))
 needs_map = pytest.mark.skipif(
@@ -181,6 +181,29 @@ def test_the_detector_returns_losses_with_targets_and_detections_without():
         assert found["boxes"].shape == (len(found["scores"]), 4) and len(found["scores"]) <= 5
         assert found["labels"].dtype == torch.int64 and (found["labels"] < 3).all()
         assert (found["scores"] > model.score_threshold).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "rule"),
+    [
+        ("num_classes", "3", "an integer >= 1"),
+        ("width", 0, "an integer >= 1"),
+        ("max_detections", 0, "an integer >= 1"),
+        ("max_detections", -1, "an integer >= 1"),
+        ("centre_radius", 0, "a number > 0"),
+        ("score_threshold", 5, "a number in [0, 1)"),
+        ("score_threshold", 1.0, "a number in [0, 1)"),
+        ("nms_threshold", 50, "a number in [0, 1]"),
+        ("nms_threshold", -0.5, "a number in [0, 1]"),
+    ],
+)
+def test_a_detector_argument_out_of_range_is_refused(name, value, rule):
+    """Each of these trained and validated without a word: score_threshold 5 (a percent) or
+    max_detections 0 left no detections (mAP 0), nms_threshold 50 suppressed nothing,
+    centre_radius 0 gave no cell a box to learn, max_detections -1 dropped the last box."""
+    with pytest.raises(ConfigValueError) as error:
+        TinyDetector(**{name: value})
+    assert str(error.value) == f"{name} must be {rule}, got {value!r}"
 
 
 def test_sum_of_losses_refuses_an_output_that_is_not_a_dict():
