@@ -3,6 +3,8 @@
 Padding (token 0, data_loader/tasks/sequences.py) is told apart by its value, so the model takes
 one tensor, tokens (B, T), as every other model here does, and exports with T dynamic."""
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -51,6 +53,25 @@ class GRUClassifier(BaseModel):
         )
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(2 * hidden_size, num_classes)
+
+    def fit_data(self, data: Any) -> None:
+        """Refuse, before training, tokens the embedding has no row for (else an IndexError from
+        inside it, or a device-side assert on a GPU). The loader's vocab_size, when set, checks
+        every file it reads (naming file and line), so it must not exceed the model's."""
+        data_vocab_size = getattr(data, "vocab_size", None)
+        if data_vocab_size is not None and data_vocab_size > self.vocab_size:
+            raise ConfigValueError(
+                f"arch.args.vocab_size is {self.vocab_size}, but data_loader.args.vocab_size is "
+                f"{data_vocab_size}: the embedding has no row for tokens {self.vocab_size} to "
+                f"{data_vocab_size - 1}; set arch.args.vocab_size to {data_vocab_size}"
+            )
+        largest = max(int(tokens.max()) for tokens, _ in data.training_samples())
+        if largest >= self.vocab_size:
+            raise ConfigValueError(
+                f"arch.args.vocab_size is {self.vocab_size}, but the training data has token "
+                f"{largest}: set it (and data_loader.args.vocab_size, which checks every file) "
+                f"to {largest + 1}"
+            )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = (tokens != PAD).unsqueeze(-1)  # (B, T, 1): the real tokens

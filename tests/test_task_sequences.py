@@ -122,6 +122,33 @@ def test_a_bad_line_is_one_error_naming_it(tmp_path, line, message):
         loader(tmp_path, vocab_size=32).train_loader()
 
 
+@pytest.mark.parametrize(
+    ("data_vocab_size", "message"),
+    [
+        (None, "arch.args.vocab_size is 32, but the training data has token 63: set it (and "
+         "data_loader.args.vocab_size, which checks every file) to 64"),
+        (64, "arch.args.vocab_size is 32, but data_loader.args.vocab_size is 64: the embedding "
+         "has no row for tokens 32 to 63; set arch.args.vocab_size to 64"),
+    ],
+)  # fmt: skip
+def test_tokens_outside_the_models_vocabulary_are_one_line(tmp_path, data_vocab_size, message):
+    """Data of 64 tokens for the model's 32, the loader's vocab_size left out or set to the
+    data's: refused before anything is written (it was the embedding's IndexError traceback,
+    'index out of range in self', or a device-side assert on a GPU)."""
+    write_sequences(tmp_path / "data", sizes=TINY, vocab_size=64)
+    overrides = {
+        "data_loader.args.data_dir": str(tmp_path / "data"),
+        "data_loader.args.vocab_size": data_vocab_size,
+    }
+    config = write_shrunk(
+        "configs/sequences.json", tmp_path / "config.json", tmp_path / "saved", **overrides
+    )
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == f"error: {message}"
+    assert not (tmp_path / "saved").exists()
+
+
 def test_a_label_outside_the_classes_names_its_file_and_line(tmp_path):
     write_sequences(tmp_path, sizes={"train": 20, "val": 1})
     with (tmp_path / "val.jsonl").open("a") as file:
