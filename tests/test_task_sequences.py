@@ -149,6 +149,18 @@ def test_tokens_outside_the_models_vocabulary_are_one_line(tmp_path, data_vocab_
     assert not (tmp_path / "saved").exists()
 
 
+@pytest.mark.parametrize("dropout", [1.5, -0.1, 1, "0.1"])
+def test_a_dropout_outside_0_to_1_is_one_line(tmp_path, dropout):
+    """It was nn.Dropout's ValueError (or a TypeError for a string) as a traceback from inside
+    GRUClassifier; 1 would have zeroed every feature the head reads, without a word."""
+    config = sequence_config(tmp_path, **{"arch.args.dropout": dropout})
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"error: {config}: arch.args: dropout must be a number in [0, 1), got {dropout!r}"
+    )
+
+
 def test_a_label_outside_the_classes_names_its_file_and_line(tmp_path):
     write_sequences(tmp_path, sizes={"train": 20, "val": 1})
     with (tmp_path / "val.jsonl").open("a") as file:
