@@ -151,6 +151,20 @@ def test_prediction_rows_are_one_per_box_and_one_for_an_image_without(tmp_path):
     ]  # fmt: skip
 
 
+def test_a_class_the_checkpoint_does_not_name_is_its_index_not_an_index_error():
+    """A model with more outputs than the data has classes (num_classes 3 kept from the shipped
+    config, data of 2 classes: the label check allows it) can detect class 2: predict.py's
+    rows name it by its index, as predict.py does for a classifier, instead of an IndexError."""
+    outputs = [
+        {"boxes": torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]),
+         "scores": torch.tensor([0.5, 0.25]), "labels": torch.tensor([2, 1])},
+    ]  # fmt: skip
+    rows = DetectionDataLoader.prediction_rows(
+        ["a.png"], outputs, class_names=["disk", "square"], out_dir=None
+    )
+    assert [row["label"] for row in rows] == ["2", "square"]
+
+
 def test_read_inputs_reads_a_folder_as_the_model_sees_it(data_dir):
     names, images = DetectionDataLoader.read_inputs(data_dir / "test" / "images", {}, None)
     assert len(names) == 16 and names[0].endswith("00000.png")

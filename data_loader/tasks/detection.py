@@ -227,7 +227,9 @@ class DetectionDataLoader(BaseDataLoader):
         out_dir: Path | None,
     ) -> list[dict]:
         """predict.py's rows: one per detected box (path, label, score, x1, y1, x2, y2), and for
-        an image without any a row of its path alone (so that every input is accounted for)."""
+        an image without any a row of its path alone (so that every input is accounted for). A
+        label the checkpoint has no name for (an older one without names, a model with more
+        classes than its data) is its index, as predict.py gives a classifier's."""
         rows: list[dict] = []
         for name, detections in zip(names, outputs, strict=True):
             boxes = detections["boxes"].tolist()
@@ -238,8 +240,8 @@ class DetectionDataLoader(BaseDataLoader):
                 corners = dict(
                     zip(("x1", "y1", "x2", "y2"), (round(v, 2) for v in box), strict=True)
                 )
-                rows.append({"path": name, "label": class_names[label], "score": round(score, 4),
-                             **corners})  # fmt: skip
+                named = class_names[label] if label < len(class_names) else str(label)
+                rows.append({"path": name, "label": named, "score": round(score, 4), **corners})
         return rows
 
 
