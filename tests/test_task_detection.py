@@ -28,6 +28,7 @@ from conftest import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from data_loader.tasks.detection import DetectionDataLoader, write_detection
 from model.detector import TinyDetector
@@ -121,6 +122,22 @@ def test_a_bad_row_of_boxes_is_refused_in_one_line(tmp_path, row, message):
     with pytest.raises(DataError, match=message) as error:
         loader(tmp_path).dataset("test")
     assert "\n" not in str(error.value)
+
+
+def test_images_of_several_sizes_in_a_split_are_refused_in_one_line(tmp_path):
+    """Batches stack the images: one of another size was torch.stack's RuntimeError traceback
+    from inside the DataLoader, at the first batch that held it (maybe hours into training)."""
+    write_detection(tmp_path, num_train=6, num_test=2)
+    path = tmp_path / "train" / "images" / "00003.png"
+    with Image.open(path) as image:
+        image.resize((48, 40)).save(path)
+    with pytest.raises(DataError) as error:
+        loader(tmp_path).train_loader()
+    assert str(error.value) == (
+        f"{tmp_path / 'train' / 'images'}: images of several sizes (00000.png is 64 x 64, "
+        "00003.png 48 x 40); a batch stacks them: give every image of a split one size"
+    )
+    loader(tmp_path).dataset("test")  # the other split is of one size
 
 
 def test_missing_files_are_refused_in_one_line(tmp_path):

@@ -7,6 +7,7 @@ trains as is):
 
 boxes.csv has one row per box, `file,label,x1,y1,x2,y2`: the image's file name, its class name
 and the box's corners in pixels (x to the right, y down). An image without rows has no boxes.
+The images of a split share one size: a batch stacks them.
 A sample is (image float (3, H, W) in [0, 1], {"boxes": float32 (N, 4) xyxy, "labels": int64
 (N,)}); a batch is (images (B, 3, H, W), a list of B such dicts).
 """
@@ -111,6 +112,7 @@ class BoxImages(Dataset):
         self.paths = sorted((split_dir / "images").glob("*.png"))
         if not self.paths:
             raise DataError(f"{split_dir / 'images'}: no PNG images")
+        check_one_size(split_dir / "images", self.paths)
         boxes = read_boxes(split_dir / "boxes.csv", class_names)
         unknown = set(boxes) - {path.name for path in self.paths}
         if unknown:
@@ -136,6 +138,22 @@ class BoxImages(Dataset):
     def __getitem__(self, index: int) -> tuple[Image.Image, dict[str, torch.Tensor]]:
         with Image.open(self.paths[index]) as image:
             return image.convert("RGB"), self.targets[index]
+
+
+def check_one_size(folder: Path, paths: list[Path]) -> None:
+    """Refuse images of several sizes in one split, naming two: a batch stacks them (else
+    torch.stack's error, at the first batch that mixes them). Reads the headers alone."""
+    sizes: dict[tuple[int, int], str] = {}  # (width, height): the first image of that size
+    for path in paths:
+        with Image.open(path) as image:
+            sizes.setdefault(image.size, path.name)
+    if len(sizes) > 1:
+        (first, name), (other, other_name) = list(sizes.items())[:2]
+        raise DataError(
+            f"{folder}: images of several sizes ({name} is {first[0]} x {first[1]}, "
+            f"{other_name} {other[0]} x {other[1]}); a batch stacks them: give every image "
+            "of a split one size"
+        )
 
 
 def image_transform() -> Callable:
