@@ -510,3 +510,17 @@ def test_test_time_augmentation_of_a_detector_is_refused_in_one_line(data_dir, t
         "calls the model with 2 arguments; turn test-time augmentation off"
     )
     assert not (tmp_path / "saved").exists()
+
+
+@pytest.mark.parametrize("mixing", [{"mixup_alpha": 0.2}, {"cutmix_alpha": 1.0}])
+def test_batch_mixing_of_a_detector_is_refused_in_one_line(data_dir, tmp_path, mixing):
+    """DetectionTrainer's step never called the mixing Trainer builds: MixUp or CutMix in the
+    config trained without them, without a word (they would have to mix the boxes too)."""
+    config = tiny_config(tmp_path, data_dir, batch_mixing=mixing)
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"error: {config}: batch_mixing: DetectionTrainer does not mix batches (MixUp and CutMix "
+        "would have to mix the boxes too); set mixup_alpha and cutmix_alpha to 0"
+    )
+    assert not (tmp_path / "saved").exists()
