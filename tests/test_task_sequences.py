@@ -112,6 +112,9 @@ def test_a_sequences_logits_depend_neither_on_padding_nor_on_its_batch(num_examp
             r"train\.jsonl:2: token 40 is outside the vocabulary",
         ),
         ('{"tokens": [3, 4], "label": 1}', r'train\.jsonl: every "label" must be a class name'),
+        # Several labels (multi-label data) or an object: was "unhashable type" from a set.
+        ('{"tokens": [3, 4], "label": ["a", "b"]}', r'train\.jsonl: every "label" must be a'),
+        ('{"tokens": [3, 4], "label": {"name": "a"}}', r'train\.jsonl: every "label" must be a'),
     ],
 )
 def test_a_bad_line_is_one_error_naming_it(tmp_path, line, message):
@@ -167,6 +170,18 @@ def test_a_label_outside_the_classes_names_its_file_and_line(tmp_path):
         file.write('{"tokens": [5], "label": "z"}\n')
     with pytest.raises(DataError, match=r"val\.jsonl:2: label 'z' is not one of the classes"):
         loader(tmp_path).val_loader()
+
+
+def test_a_list_of_labels_with_class_names_given_names_its_file_and_line(tmp_path):
+    """With data_loader.args.class_names, a label that is a list was looked up in a dict:
+    TypeError "unhashable type: 'list'", naming neither the file nor the line."""
+    write_sequences(tmp_path, sizes={"train": 20})
+    with (tmp_path / "train.jsonl").open("a") as file:
+        file.write('{"tokens": [5], "label": ["a", "b"]}\n')
+    with pytest.raises(
+        DataError, match=r"train\.jsonl:21: label \['a', 'b'\] is not one of the classes"
+    ):
+        loader(tmp_path, class_names=["a", "b", "c"]).train_loader()
 
 
 def test_the_fingerprint_changes_when_a_sequence_does(tmp_path):

@@ -125,7 +125,8 @@ class SequenceDataLoader(BaseDataLoader):
         index = {name: position for position, name in enumerate(self.class_names())}
         targets = []
         for number, _, label in records:
-            if label not in index:
+            # A list or an object (several labels) is no class, and cannot be looked up.
+            if isinstance(label, list | dict) or label not in index:
                 raise DataError(
                     f"{path}:{number}: label {label!r} is not one of the classes "
                     f"{self.class_names()}"
@@ -149,12 +150,12 @@ class SequenceDataLoader(BaseDataLoader):
     def class_names(self) -> list[str]:
         if self._class_names is None:
             records = read_jsonl(Path(self.location("train")), self.vocab_size)
-            labels = {label for _, _, label in records}
-            if not all(isinstance(label, str) for label in labels):
+            labels = [label for _, _, label in records]
+            if not all(isinstance(label, str) for label in labels):  # before a set hashes them
                 raise DataError(
                     f'{self.location("train")}: every "label" must be a class name (a string)'
                 )
-            self._class_names = sorted(labels)
+            self._class_names = sorted(set(labels))
         return list(self._class_names)
 
     def collate(self, split: str) -> Callable:
