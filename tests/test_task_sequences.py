@@ -226,6 +226,31 @@ def test_train_test_predict_end_to_end_on_jsonl_files(tmp_path):
     assert all(sorted(row["labels"]) == ["a", "b", "c"] for row in rows)
 
 
+def test_test_py_refuses_data_whose_classes_are_not_the_models(tmp_path):
+    """The classes are train.jsonl's labels, sorted: another data folder whose train.jsonl has
+    no "a" makes "b" class 0 and "c" class 1, and test.py scored the model's "a" output against
+    the "b" sequences (test accuracy 0.09 where the model is right on 0.84 of them). Refused,
+    as the checkpoint's class names are not the data's."""
+    config = sequence_config(tmp_path, **{"trainer.epochs": 1})
+    assert run_main("train.py", "-c", str(config), "--run-id", "x").returncode == 0
+    checkpoint = tmp_path / "saved" / RUN / "x" / "checkpoint-epoch1.pth"
+    (tmp_path / "other").mkdir()
+    for split in ("train", "test"):
+        lines = (tmp_path / "data" / f"{split}.jsonl").read_text().splitlines()
+        kept = [line for line in lines if json.loads(line)["label"] != "a"]
+        (tmp_path / "other" / f"{split}.jsonl").write_text("\n".join(kept) + "\n")
+    other = f"data_loader.args.data_dir={tmp_path / 'other'}"
+    report = tmp_path / "report.json"
+    result = run_main("test.py", "-r", str(checkpoint), "--set", other, "--json", str(report))
+    assert result.returncode == 2 and not report.exists()
+    assert result.stderr == (
+        f"error: {checkpoint}: the data's classes (b, c) are not the model's, in the order it "
+        "trained on (a, b, c)\n"
+    )
+    # The data it trained on is evaluated as before.
+    assert run_main("test.py", "-r", str(checkpoint), "--json", str(report)).returncode == 0
+
+
 @pytest.mark.slow
 def test_learns_well_above_the_majority_class(tmp_path):
     """The figure of docs/extending.md: its commands, real processes, the shipped config's 8
