@@ -134,7 +134,8 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
             error = last_error(record_path(folder, trial, ".log"))
             logger.warning("%s failed (exit code %d): %s", trial.name, code, error)
         else:
-            best = "" if value is None else f": best {sweep.key} {value:.4g} at epoch {epoch}"
+            at = f"at epoch {epoch}" if epoch is not None else "mean over the folds"
+            best = "" if value is None else f": best {sweep.key} {value:.4g} {at}"
             logger.info("%s %s after %.0f s%s", trial.name, status, seconds, best)
 
     signum = run_trials(

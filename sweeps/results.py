@@ -21,6 +21,7 @@ from typing import Any
 
 from sweeps.space import SweepError, Trial
 from utils.state.checkpoint import CheckpointError, load_checkpoint, write_text_atomic
+from utils.state.run_folder import SUMMARY
 
 # Statuses a trial keeps: the next run of the sweep skips it. Any other (failed, interrupted,
 # or no record yet: pending) runs again, resuming from the trial's newest checkpoint.
@@ -94,8 +95,12 @@ def last_error(log_path: Path) -> str:
 
 
 def best_value(run_dir: Path, key: str) -> tuple[float | None, int | None]:
-    """The monitored metric `key` and epoch of the run's model_best.pth, or (None, None)."""
+    """The monitored metric `key` and epoch of the run's model_best.pth; for a cross-validation
+    run (its checkpoints in fold-<i>/), the mean over the folds and no epoch; or (None, None)."""
     path = run_dir / "model_best.pth"
+    if not path.is_file() and (run_dir / SUMMARY).is_file():
+        metrics = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))["metrics"]
+        return (metrics[key]["mean"] if key in metrics else None), None
     if not path.is_file():
         return None, None
     try:

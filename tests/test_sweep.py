@@ -29,6 +29,8 @@ from sweeps.runner import (
 )
 from sweeps.space import Trial, build_space, grid_trials, random_trials
 from utils.state.checkpoint import save_checkpoint
+from utils.state.folds import RESULT, summarize_folds
+from utils.state.run_folder import SUMMARY
 
 NAME = "Demo_CifarCNN"
 TINY = {"trainer.epochs": 1, "trainer.tensorboard": False}
@@ -165,6 +167,26 @@ def test_the_summary_ranks_finished_trials_and_leaves_the_others_unranked(tmp_pa
         (3, "trial-000", 0.5),
         (None, "trial-002", 0.1),  # failed: its value is shown, not ranked
     ]
+
+
+def test_a_cross_validated_trial_is_ranked_by_its_mean_over_the_folds(tmp_path):
+    """A trial of a config with data_loader.args.folds keeps its checkpoints in fold-<i>/ and
+    its result in folds_summary.json: the summary ranks it by the folds' mean."""
+    trials = [(Trial(index, {"seed": index}), tmp_path / f"run{index}") for index in range(2)]
+    for (trial, run_dir), accuracies in zip(trials, [[0.2, 0.4], [0.5, 0.7]], strict=True):
+        for fold, accuracy in enumerate(accuracies):
+            result = {"fold": fold, "checkpoint": "model_best.pth", "epoch": 1 + fold}
+            (run_dir / f"fold-{fold}").mkdir(parents=True)
+            (run_dir / f"fold-{fold}" / RESULT).write_text(
+                json.dumps({**result, "metrics": {"val/accuracy": accuracy}})
+            )
+        summary = summarize_folds(run_dir, 2, ("max", "val/accuracy"))
+        (run_dir / SUMMARY).write_text(json.dumps(summary))
+        (tmp_path / "trials").mkdir(exist_ok=True)
+        (tmp_path / "trials" / f"{trial.name}.json").write_text('{"status": "finished"}')
+    rows = summarize(tmp_path, trials, mode="max", key="val/accuracy")
+    assert [(row["rank"], row["trial"]) for row in rows] == [(1, "trial-001"), (2, "trial-000")]
+    assert [row["value"] for row in rows] == pytest.approx([0.6, 0.3])
 
 
 def test_parallel_trials_get_their_own_gpu_and_a_share_of_the_cores():
