@@ -91,11 +91,13 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
     """The trials not finished (or pruned) yet, K at once, each recorded as it ends."""
     from sweeps.optuna_search import OptunaTrials
     from sweeps.results import (
+        BASE_CONFIG,
         DONE,
         best_value,
         last_error,
         read_status,
         record_path,
+        write_json,
         write_record,
     )
     from sweeps.runner import run_trials
@@ -111,6 +113,8 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
         pending = iter([trial for trial in chosen if read_status(folder, trial) not in DONE])
     listed = study.trials if study else lambda: sweep.trials  # Optuna's grow as it asks
     write_sweep_file(args, sweep, listed())
+    # What the trials start from: the config as checked now, not the file, which may change.
+    write_json(folder / BASE_CONFIG, sweep.base)
     starter = TrialStarter(args, sweep, parallel)
     logger.info(
         "Sweep %s: %d %s trials in %s, %d at once%s.",
@@ -156,9 +160,9 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
 
 
 class TrialStarter:
-    """Starts a trial: `python train.py -c CONFIG --set ... --run-id trial-NNN` with the
-    environment of its slot (its GPU, its share of the CPU threads). A process of its own, not
-    train.main in this one: see sweeps/runner.py."""
+    """Starts a trial: `python train.py -c <sweep folder>/base_config.json --set <its values>
+    --run-id trial-NNN` with the environment of its slot (its GPU, its share of the CPU
+    threads). A process of its own, not train.main in this one: see sweeps/runner.py."""
 
     def __init__(self, args: argparse.Namespace, sweep: "Sweep", parallel: int) -> None:
         from sweeps.runner import visible_gpus
@@ -170,7 +174,7 @@ class TrialStarter:
         self.gpus = [] if args.trial is not None else visible_gpus(device, n_gpu, os.environ)
 
     def start(self, trial: "Trial", slot: int) -> tuple[subprocess.Popen, Path]:
-        from sweeps.results import record_path
+        from sweeps.results import BASE_CONFIG, record_path
         from sweeps.runner import (
             TRAIN_SCRIPT,
             available_cpus,
@@ -180,13 +184,11 @@ class TrialStarter:
         from sweeps.space import describe_values, set_flags
 
         values = {**trial.values, **self.sweep.sweep_values}
-        sets = [item for text in self.args.set for item in ("--set", text)]
         command = [
             sys.executable,
             str(TRAIN_SCRIPT),
             "-c",
-            self.args.config,
-            *sets,
+            str(self.sweep.sweep_dir / BASE_CONFIG),  # the file and --set, as checked
             *set_flags(values),
             "--run-id",
             trial.name,

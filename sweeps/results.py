@@ -2,6 +2,7 @@
 
 <save_dir>/sweeps/<sweep name>/
     sweep.json                 the space, the base config and the trials
+    base_config.json           the base config (file + --set + defaults) every trial starts from
     trials/trial-NNN.json      a trial's status once its process has ended
     trials/trial-NNN.log       its console output
     models/<name>/trial-NNN/   its run folder (checkpoints, config.json), as train.py writes it
@@ -26,6 +27,7 @@ from utils.state.run_folder import SUMMARY
 # Statuses a trial keeps: the next run of the sweep skips it. Any other (failed, interrupted,
 # or no record yet: pending) runs again, resuming from the trial's newest checkpoint.
 DONE = ("finished", "pruned")
+BASE_CONFIG = "base_config.json"
 
 
 def write_json(path: Path, value: Any) -> None:

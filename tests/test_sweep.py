@@ -310,6 +310,32 @@ def test_a_failed_trial_is_recorded_and_the_sweep_goes_on(make_config):
     ]
 
 
+@pytest.mark.slow  # CI's main job; the floor job runs the fast tests
+def test_a_config_edited_while_the_sweep_runs_does_not_reach_its_later_trials(
+    make_config, monkeypatch
+):
+    """sweep.json records the base config the sweep checked, and a resumed sweep refuses
+    another: a trial that starts after the file was edited still trains on the recorded one."""
+    config = make_config(**TINY)
+    start = sweep.TrialStarter.start
+
+    def edit_then_start(self, trial, slot):
+        if trial.index == 1:  # the user edits the file while trial-000 trains
+            edited = json.loads(config.read_text())
+            edited["data_loader"]["args"]["batch_size"] = 16
+            config.write_text(json.dumps(edited))
+        return start(self, trial, slot)
+
+    monkeypatch.setattr(sweep.TrialStarter, "start", edit_then_start)
+    result = run_main("sweep.py", "-c", str(config), "--name", "e", "--grid", "seed=[0,1]")
+    assert result.returncode == 0, result.stderr + result.stdout
+    folder = sweep_dir(config, "e")
+    recorded = json.loads((folder / "sweep.json").read_text())["definition"]["base config"]
+    for row in read_summary(folder):
+        run_config = json.loads((Path(row["run_dir"]) / "config.json").read_text())
+        assert run_config["data_loader"] == recorded["data_loader"], row["trial"]
+
+
 def write_tool(folder: Path, name: str, body: str) -> None:
     folder.mkdir(exist_ok=True)
     path = folder / name
