@@ -140,10 +140,8 @@ def tune_batch_size(
         print(f"Largest batch that fits: {size} per process (the config's: {old}).")
         print(f"  --set data_loader.args.batch_size={size}")
         if config["optimizer"]["reference_batch_size"] is None:  # the linear scaling rule
-            lr = config["optimizer"]["args"]["lr"] * size / old
-            print(
-                f"  --set optimizer.args.lr={lr:.4g}   (scaled with the batch, x{size / old:.3g})"
-            )
+            sets = " ".join(f"--set {text}" for text in rate_sets(config, size / old))
+            print(f"  {sets}   (scaled with the batch, x{size / old:.3g})")
         else:
             print("  (optimizer.reference_batch_size scales the learning rates to the batch)")
 
@@ -178,9 +176,17 @@ def report(
         logger.warning("No descent of the loss to read: lower --min-lr or raise --steps.")
         return
     # The config's rate maps to the first group's by a fixed factor (reference_batch_size, a
-    # group's own rate): the same factor maps the suggestion back. OneCycleLR's max_lr (one per
-    # group, or one for all) sets the peak instead of optimizer.args.lr.
-    factor = result.suggestion / base_lr
+    # group's own rate): the same factor maps the suggestion back. The test kept every group's
+    # ratio to the first: every rate the config sets is scaled alike.
+    sets = rate_sets(config, result.suggestion / base_lr)
+    print(f"Suggested learning rate {result.suggestion:.4g} (the steepest descent of the loss):")
+    print("  " + " ".join(f"--set {text}" for text in sets))
+
+
+def rate_sets(config: "ConfigParser", factor: float) -> list[str]:
+    """The --set values that multiply every learning rate the config trains with by `factor`:
+    OneCycleLR's max_lr (one per group, or one for all), which sets the rates in place of the
+    optimizer's; else optimizer.args.lr and the rate of each group that has its own."""
     schedule = config["lr_scheduler"] or {}
     if schedule.get("type") == "OneCycleLR" and "max_lr" in schedule["args"]:
         peak = schedule["args"]["max_lr"]
@@ -188,11 +194,14 @@ def report(
             float(f"{rate * factor:.4g}") for rate in (peak if isinstance(peak, list) else [peak])
         ]
         value = scaled if isinstance(peak, list) else scaled[0]
-        line = f"--set lr_scheduler.args.max_lr={json.dumps(value)}"
-    else:
-        line = f"--set optimizer.args.lr={config['optimizer']['args']['lr'] * factor:.4g}"
-    print(f"Suggested learning rate {result.suggestion:.4g} (the steepest descent of the loss):")
-    print(f"  {line}")
+        # No spaces: the line pastes into a shell as one argument.
+        return [f"lr_scheduler.args.max_lr={json.dumps(value, separators=(',', ':'))}"]
+    optimizer = config["optimizer"]
+    sets = [f"optimizer.args.lr={optimizer['args']['lr'] * factor:.4g}"]
+    for index, group in enumerate(optimizer.get("param_groups") or []):
+        if "lr" in group:
+            sets.append(f"optimizer.param_groups.{index}.lr={group['lr'] * factor:.4g}")
+    return sets
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ import csv
 import json
 import logging
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import NUM_EXAMPLES, ROOT, shrink
+from conftest import NUM_EXAMPLES, ROOT, shrink, without_muon
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -197,3 +198,45 @@ def test_tune_py_batch_size_on_the_cpu_needs_a_budget(tmp_path: Path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 2 and result.stderr.strip().endswith("--max-memory GIB")
+
+
+def group_rates(config: Path, sets: list[str]) -> list[float]:
+    """Each parameter group's learning rate at the first step, the schedule built."""
+    args = argparse.Namespace(config=str(config), set=sets)
+    trainer = build_trainer(
+        ConfigParser.from_args(args), process_info(), torch.device("cpu"), logging.getLogger("t")
+    )
+    return [group["lr"] for group in trainer.optimizer.param_groups]
+
+
+@pytest.mark.parametrize(
+    ("shipped", "groups"),
+    [("config.json", None), ("configs/demo.json", None), ("configs/demo.json", "head")],
+)
+def test_the_batch_size_lines_scale_every_rate_the_config_trains_with(
+    shipped, groups, tmp_path, monkeypatch, capsys, cifar_dir
+):
+    """The linear rule's --set lines, applied, give every parameter group the rate the larger
+    batch asks for: config.json's rates come from OneCycleLR's max_lr, not optimizer.args.lr,
+    and a group with a rate of its own (here added to the demo) is scaled too."""
+    import tune
+
+    config = without_muon(json.loads((ROOT / shipped).read_text()))
+    if shipped == "config.json":  # the fast recipe, tiny, on the generated CIFAR-10 archive
+        config["arch"]["args"].update(widths=[8, 16, 16], whiten_samples=40)
+        config["data_loader"]["args"].update(
+            data_dir=str(cifar_dir), download=False, batch_size=32, validation_split=20
+        )
+        config["trainer"]["save_dir"] = str(tmp_path / "saved")
+    else:
+        config = shrink(config, tmp_path / "saved")
+    if groups is not None:
+        config["optimizer"]["param_groups"] = [{"params": groups, "lr": 0.01}]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    monkeypatch.setattr("base.tuning.largest_batch", lambda trainer, *_: 3 * 32)  # 3 x 32
+    assert tune.main(["-c", str(path), "--batch-size", "--max-memory", "100"]) == 0
+    sets = re.findall(r"--set (\S+)", capsys.readouterr().out)
+    assert sets[0] == "data_loader.args.batch_size=96"
+    before, after = group_rates(path, []), group_rates(path, sets)
+    assert after == pytest.approx([3 * rate for rate in before])
