@@ -156,7 +156,7 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
         logger.info("Stopped: the same command resumes the sweep.")
         requeue_file = starter.requeue_file
         return 0 if requeue_file is not None and requeue_file.exists() else 128 + signum
-    return 1 if "failed" in ended else 0
+    return 1 if "failed" in ended or (study is not None and study.num_refused) else 0
 
 
 class TrialStarter:

@@ -13,11 +13,12 @@ same study: a trial still marked running there continues in its run folder.
 
 import importlib.util
 import json
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
 from sweeps.space import Dimension, SweepError, Trial
-from utils.util import derive_seed
+from utils.util import UserError, derive_seed
 
 if TYPE_CHECKING:
     from sweeps.plan import Sweep
@@ -57,10 +58,29 @@ class OptunaTrials:
         # Left running by a sweep that was stopped (or killed): they continue where they were.
         self.resumable = [trial for trial in self.study.trials if trial.state == running]
         self.active: dict[int, Any] = {}  # trial number -> optuna.trial.Trial
+        self.check = sweep.parser  # the trial's validated config, or a UserError
+        self.num_refused = 0  # trials failed in this run because the config refuses them
         self.reported: dict[int, set[int]] = {}  # trial number -> epochs reported
 
     def next_trial(self) -> Trial | None:
-        """A trial to continue, else a new one while the study has fewer than num_trials."""
+        """A trial to continue, else a new one while the study has fewer than num_trials.
+
+        Only the ends of each range were checked before the sweep: a trial whose values the
+        config refuses fails in the study, without starting, and the next one is asked for."""
+        while (found := self._next()) is not None:
+            optuna_trial, values = found
+            trial = Trial(optuna_trial.number, values)
+            refusal = self._refusal(trial)
+            if refusal is None:
+                self.active[trial.index] = optuna_trial
+                return trial
+            self.study.tell(optuna_trial, state=self.optuna.trial.TrialState.FAIL)
+            self.num_refused += 1
+            logging.getLogger("sweep").warning("%s failed, not started: %s", trial.name, refusal)
+        return None
+
+    def _next(self) -> tuple[Any, dict[str, Any]] | None:
+        """The next trial to continue or to ask for, and its values; None once there are N."""
         while self.resumable:
             frozen = self.resumable.pop(0)
             values = self._decode(frozen.params)
@@ -71,18 +91,22 @@ class OptunaTrials:
             # constructor study.ask() itself uses.
             trial = self.optuna.trial.Trial(self.study, frozen._trial_id)
             self.reported[frozen.number] = set(frozen.intermediate_values)
-            return self._activate(trial, values)
+            return trial, values
         if len(self.study.trials) >= self.num_trials:
             return None
         trial = self.study.ask()
         self.reported[trial.number] = set()
-        return self._activate(
-            trial, {dimension.key: self._suggest(trial, dimension) for dimension in self.dimensions}
-        )
+        return trial, {
+            dimension.key: self._suggest(trial, dimension) for dimension in self.dimensions
+        }
 
-    def _activate(self, trial: Any, values: dict[str, Any]) -> Trial:
-        self.active[trial.number] = trial
-        return Trial(trial.number, values)
+    def _refusal(self, trial: Trial) -> str | None:
+        """Why the project's validation refuses the trial's config, or None."""
+        try:
+            self.check(trial)
+        except UserError as error:
+            return str(error)
+        return None
 
     def _suggest(self, trial: Any, dimension: Dimension) -> Any:
         if dimension.kind == "choice":
@@ -124,10 +148,11 @@ class OptunaTrials:
             self.study.tell(optuna_trial, state=states.FAIL)
 
     def trials(self) -> list[Trial]:
-        """Every trial of the study so far, with its values."""
+        """Every trial of the study so far with its values, less those the config refuses
+        (they have no run folder)."""
         found = []
         for frozen in self.study.trials:
             values = self._decode(frozen.params)
-            if values is not None:
+            if values is not None and self._refusal(Trial(frozen.number, values)) is None:
                 found.append(Trial(frozen.number, values))
         return found

@@ -491,14 +491,16 @@ def test_optuna_reports_every_epoch_and_ranks_its_trials(make_config):
         assert json.dumps(run_config["arch"]["args"]["widths"]) == trial.params["arch.args.widths"]
 
 
-def test_a_resumed_optuna_study_continues_its_trial_and_draws_new_values(tmp_path):
+def test_a_resumed_optuna_study_continues_its_trial_and_draws_new_values(make_config, tmp_path):
     pytest.importorskip("optuna")
+    from parse_config import with_defaults
     from sweeps.optuna_search import OptunaTrials
     from sweeps.plan import Sweep
 
     dimensions = space(log_uniform=["optimizer.args.lr=1e-4,1e-1"], num_optuna=3)
+    base = with_defaults(json.loads(make_config(**TINY).read_text()))
     study = Sweep(name="tpe", sweep_dir=tmp_path, method="optuna", dimensions=dimensions,
-                  trials=[], num_trials=3, seed=0, base={}, monitor="max val/accuracy",
+                  trials=[], num_trials=3, seed=0, base=base, monitor="max val/accuracy",
                   mode="max", key="val/accuracy")  # fmt: skip
     first = OptunaTrials(study)
     done, stopped = first.next_trial(), first.next_trial()
@@ -514,3 +516,26 @@ def test_a_resumed_optuna_study_continues_its_trial_and_draws_new_values(tmp_pat
     assert again.next_trial() is None  # the study has its 3 trials
     assert [trial.state.name for trial in again.study.trials] == ["COMPLETE", "RUNNING", "RUNNING"]
     assert again.study.trials[0].intermediate_values == {1: 0.5}
+
+
+def test_optuna_values_the_config_refuses_fail_that_trial_and_the_sweep_goes_on(make_config):
+    """Only the ends of an Optuna range are checked before the sweep starts: a value between
+    them that the config refuses (here a warmup of 0.45 epochs for a schedule that steps once
+    per epoch) fails its trial, without starting it, and the study goes on; the next run of
+    the sweep does not take the refused trial up again."""
+    pytest.importorskip("optuna")
+    import optuna
+
+    config = make_config(**TINY)
+    command = ["sweep.py", "-c", str(config), "--name", "w", "--optuna", "2"]
+    command += ["--uniform", "lr_scheduler.warmup_epochs=0,2"]  # whole numbers only
+    first = run_main(*command)
+    assert first.returncode == 1, first.stderr + first.stdout
+    assert "must be a whole number of epochs" in first.stdout and not first.stderr
+    assert "trial-000 started" not in first.stdout
+    folder = sweep_dir(config, "w")
+    study = optuna.load_study(study_name="w", storage=f"sqlite:///{folder / 'optuna.db'}")
+    assert [trial.state.name for trial in study.trials] == ["FAIL", "FAIL"]
+    again = run_main(*command)
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert (folder / "sweep_summary.csv").is_file()
