@@ -135,7 +135,7 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
         write_record(folder, trial, status=status, code=code, run_dir=run_dir)
         ended.append(status)
         if status == "failed":
-            error = last_error(record_path(folder, trial, ".log"))
+            error = last_error(record_path(folder, trial, ".log"), starter.log_starts[trial.name])
             logger.warning("%s failed (exit code %d): %s", trial.name, code, error)
         else:
             at = f"at epoch {epoch}" if epoch is not None else "mean over the folds"
@@ -168,6 +168,7 @@ class TrialStarter:
         from sweeps.runner import visible_gpus
 
         self.args, self.sweep, self.parallel = args, sweep, parallel
+        self.log_starts: dict[str, int] = {}  # trial name -> where this run's output begins
         self.requeue_file = Path(args.requeue_file) if args.requeue_file else None
         # An array task keeps the GPU SLURM gave it.
         device, n_gpu = sweep.base["device"], sweep.base["n_gpu"]
@@ -203,6 +204,7 @@ class TrialStarter:
             environ=os.environ,
         )
         log_path = record_path(self.sweep.sweep_dir, trial, ".log")
+        self.log_starts[trial.name] = log_path.stat().st_size if log_path.exists() else 0
         logging.getLogger("sweep").info(
             "%s started: %s (output: %s)", trial.name, describe_values(trial.values), log_path
         )

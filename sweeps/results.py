@@ -89,9 +89,13 @@ def write_record(sweep_dir: Path, trial: Trial, *, status: str, code: int, run_d
     write_json(record_path(sweep_dir, trial), {**values, "run_dir": str(run_dir)})
 
 
-def last_error(log_path: Path) -> str:
-    """The line of a trial's output that says why it failed: its `error:` line, else its last."""
-    lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+def last_error(log_path: Path, start: int = 0) -> str:
+    """The line of a trial's output that says why it failed: its `error:` line, else its last.
+    Only what follows byte `start` counts: the log of a trial that runs again is appended to."""
+    with open(log_path, "rb") as file:
+        file.seek(start)
+        text = file.read().decode(errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
     return (errors or lines or ["(no output)"])[-1].strip()
 

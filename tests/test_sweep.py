@@ -336,6 +336,24 @@ def test_a_config_edited_while_the_sweep_runs_does_not_reach_its_later_trials(
         assert run_config["data_loader"] == recorded["data_loader"], row["trial"]
 
 
+def test_a_failed_trial_is_reported_by_its_own_output_not_an_earlier_runs(make_config, tmp_path):
+    """A trial's log is appended to when it runs again: the reason logged for its failure comes
+    from this run's output (here none: it dies at start-up), not from an earlier run's error."""
+    config = make_config(**TINY)
+    log = sweep_dir(config, "again") / "trials" / "trial-000.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("error: the reason an earlier run failed\n")
+    dies = tmp_path / "dies"  # every trial's interpreter exits at once, without a word
+    dies.mkdir()
+    (dies / "sitecustomize.py").write_text("import os\nos._exit(3)\n")
+    result = run_main(
+        "sweep.py", "-c", str(config), "--name", "again", "--grid", "seed=[1]",
+        env={"PYTHONPATH": str(dies)},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert "trial-000 failed (exit code 3): (no output)" in result.stdout
+
+
 def write_tool(folder: Path, name: str, body: str) -> None:
     folder.mkdir(exist_ok=True)
     path = folder / name
