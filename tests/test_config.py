@@ -316,6 +316,7 @@ def test_shortcut_flags(make_config):
         ("name=my_run", "name", "my_run"),
         ("trainer.monitor=min val_loss", "trainer.monitor", "min val_loss"),
         ('name="quoted"', "name", "quoted"),
+        ('name="False"', "name", "False"),  # a string, quoted
         ("metrics.1=top_5_acc", "metrics", ["accuracy", "top_5_acc"]),
         ("arch.args.widths.0=4", "arch.args.widths", [4, 16]),
         # A new key inside an args dict is a new keyword argument.
@@ -435,6 +436,14 @@ def test_set_freeze_and_param_groups_take_effect_when_the_file_leaves_them_out(m
         ),
         ("metrics.5=accuracy", "--set metrics.5=accuracy: metrics.5: no list index 5 (length 2)"),
         ("metrics.first=accuracy", "metrics.first: no list index first (length 2)"),
+        # Python's spellings would be strings, and the string "False" is true.
+        (
+            "optimizer.args.amsgrad=False",
+            "--set 'optimizer.args.amsgrad=False': False is no JSON value: write "
+            "optimizer.args.amsgrad=false (or optimizer.args.amsgrad='\"False\"' for the string)",
+        ),
+        ("arch.args.pretrained=True", "write arch.args.pretrained=true"),
+        ("trainer.len_epoch=None", "write trainer.len_epoch=null"),
     ],
 )
 def test_bad_set_is_an_error(make_config, text, expected):
