@@ -177,6 +177,8 @@ def evaluate_checkpoint(
     observe = confusion.add if confusion is not None else None
     metrics = trainer.evaluate(trainer.data.eval_loader(split), split, observe=observe)
     num_samples = int(metrics.pop(f"{split}/num_samples"))
+    if num_samples == 0:  # else a nan loss and exit 0 (e.g. a table with test_split 0)
+        raise UserError(f"{path}: --split {split}: the data has no samples in that split")
     logger.info(
         "%s: %d samples, %s of %s (epoch %d)",
         split,

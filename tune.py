@@ -134,7 +134,8 @@ def tune_batch_size(
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
     size = largest_batch(trainer, budget, args.max_batch)
     if size is None:
-        raise UserError(f"not even a batch of 1 fits in {args.max_memory} GiB")
+        where = "the GPU's memory" if args.max_memory is None else f"{args.max_memory} GiB"
+        raise UserError(f"not even a batch of 1 fits in {where}")
     if info.is_main:
         old = config["data_loader"]["args"]["batch_size"]
         print(f"Largest batch that fits: {size} per process (the config's: {old}).")

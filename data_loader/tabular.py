@@ -130,7 +130,8 @@ class TabularDataLoader(BaseDataLoader):
             raise ConfigValueError(
                 f"sklearn must be one of {', '.join(SKLEARN_SETS)}, got {sklearn!r}"
             )
-        if not (isinstance(test_split, float) and 0.0 <= test_split < 1.0):
+        is_number = isinstance(test_split, int | float) and not isinstance(test_split, bool)
+        if not (is_number and 0 <= test_split < 1):
             raise ConfigValueError(f"test_split must be a fraction in [0, 1), got {test_split!r}")
         self.csv, self.sklearn, self.target, self.task = csv, sklearn, target, task
         self.test_split = test_split

@@ -481,3 +481,21 @@ def test_test_py_refuses_a_test_split_reshuffled_by_rows_added_since_training(tm
     )
     allowed = run_main("test.py", "-r", str(best), "--allow-data-change")
     assert allowed.returncode == 0 and "the data changed since" in allowed.stdout + allowed.stderr
+
+
+def test_a_table_without_a_test_split_trains_and_test_py_says_there_is_nothing_to_score(tmp_path):
+    """test_split 0 (an integer in JSON too): every row trains or validates. test.py's test split
+    is then empty: refused in one line, not a nan loss over 0 samples and exit 0."""
+    x = features(60)
+    table = write_csv(tmp_path / "table.csv", ["a", "b", "c", "target"],
+                      [[*row, row[0] - row[2]] for row in x.tolist()])  # fmt: skip
+    config = csv_config(tmp_path, table)
+    settings = json.loads(config.read_text())
+    settings["data_loader"]["args"]["test_split"] = 0
+    config.write_text(json.dumps(settings))
+    assert run_main("train.py", "-c", str(config), "--run-id", "r").returncode == 0
+    best = tmp_path / "saved" / "models" / "Diabetes_MLP" / "r" / "model_best.pth"
+    result = run_main("test.py", "-r", str(best))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"error: {best}: --split test: the data has no samples in that split\n"
+    assert run_main("test.py", "-r", str(best), "--split", "val").returncode == 0
