@@ -132,6 +132,17 @@ def build_space(
     if repeated:
         raise SweepError(f"{', '.join(repeated)}: swept more than once")
     method = "grid" if gridded else "random" if num_random is not None else "optuna"
+    # Every trial is ranked by the base config's monitored metric, and Optuna's pruner reads a
+    # checkpoint every epoch: a trial's own value of either would be ignored, not used.
+    if "trainer.monitor" in keys:
+        raise SweepError(
+            "trainer.monitor: the sweep ranks every trial by one metric; set it with --set"
+        )
+    if method == "optuna" and "trainer.save_period" in keys:
+        raise SweepError(
+            "trainer.save_period: --optuna saves every epoch (its pruner reads each epoch's "
+            "value); sweep it with --grid or --random"
+        )
     return method, dimensions
 
 

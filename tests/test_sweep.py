@@ -108,6 +108,15 @@ BAD_SPECS = [
     (["--grid", "seed=[1]", "--submit"], "--submit: only with --slurm"),
     (["--grid", "seed=[1,2]", "--trial", "2"], "this sweep has trials 0 to 1"),
     (["--optuna", "2", "--uniform", "optimizer.args.lr=1,2", "--slurm"], "not with --optuna"),
+    # Values a trial would not use: its rank is by the base monitor, Optuna saves every epoch.
+    (
+        ["--grid", 'trainer.monitor=["max val/accuracy","min val/loss"]'],
+        "trainer.monitor: the sweep ranks every trial by one metric; set it with --set",
+    ),
+    (
+        ["--optuna", "2", "--choice", "trainer.save_period=[1,2]"],
+        "trainer.save_period: --optuna saves every epoch",
+    ),
 ]
 
 
