@@ -113,6 +113,16 @@ def test_an_image_without_boxes_has_int64_labels_too(tmp_path):
         (["00000.png", "disk", "a", "1", "3", "5"], "line 2: corners that are not numbers"),
         (["00000.png", "star", "1", "1", "3", "5"], "line 2: class 'star' is not one of"),
         (["99999.png", "disk", "1", "1", "3", "5"], "boxes of missing image 99999.png"),
+        # Outside the 64 x 64 image, or fractions of it (YOLO's normalised corners).
+        (["00000.png", "disk", "60", "1", "70", "5"], r"line 2: the box 60,1,70,5 is not inside"),
+        (
+            ["00000.png", "disk", "-2", "1", "3", "5"],
+            "line 2: the box -2,1,3,5 is not inside the 64",
+        ),
+        (
+            ["00000.png", "disk", "0.1", "0.2", "0.5", "0.6"],
+            r"every corner is within \[0, 1\] on 64 x 64 images: give them in pixels",
+        ),
     ],
 )
 def test_a_bad_row_of_boxes_is_refused_in_one_line(tmp_path, row, message):

@@ -13,6 +13,7 @@ A sample is (image float (3, H, W) in [0, 1], {"boxes": float32 (N, 4) xyxy, "la
 """
 
 import csv
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,14 @@ def write_detection(
             writer.writerows(rows)
 
 
-def read_boxes(path: Path, class_names: list[str] | None) -> dict[str, list[tuple[str, list]]]:
+def read_boxes(
+    path: Path, class_names: list[str] | None, size: tuple[int, int] | None = None
+) -> dict[str, list[tuple[str, list]]]:
     """{file name: [(class name, [x1, y1, x2, y2]), ...]} from a boxes.csv; each row checked
-    (a known class when class_names is given, x1 < x2 and y1 < y2), a bad one refused in one line
-    naming its row."""
+    (a known class when class_names is given, x1 < x2 and y1 < y2, inside the images' (width,
+    height) when size is given), a bad one refused in one line naming its row."""
     boxes: dict[str, list[tuple[str, list]]] = {}
+    width, height = size or (math.inf, math.inf)
     if not path.is_file():
         raise DataError(f"{path}: missing (write_detection writes an example)")
     with open(path, newline="") as file:
@@ -96,12 +100,23 @@ def read_boxes(path: Path, class_names: list[str] | None) -> dict[str, list[tupl
                 raise DataError(f"{path}, line {line}: corners that are not numbers") from None
             if not (corners[0] < corners[2] and corners[1] < corners[3]):
                 raise DataError(f"{path}, line {line}: the box needs x1 < x2 and y1 < y2")
+            if min(corners) < 0 or corners[2] > width or corners[3] > height:
+                raise DataError(
+                    f"{path}, line {line}: the box {row['x1']},{row['y1']},{row['x2']},"
+                    f"{row['y2']} is not inside the {width} x {height} image"
+                )
             if class_names is not None and row["label"] not in class_names:
                 raise DataError(
                     f"{path}, line {line}: class {row['label']!r} is not one of the training "
                     f"data's ({', '.join(class_names)})"
                 )
             boxes.setdefault(row["file"], []).append((row["label"], corners))
+    corners = [corner for rows in boxes.values() for _, box in rows for corner in box]
+    if size is not None and corners and max(corners) <= 1 < max(size):
+        raise DataError(
+            f"{path}: every corner is within [0, 1] on {size[0]} x {size[1]} images: give them "
+            "in pixels, not as fractions of the image"
+        )
     return boxes
 
 
@@ -112,8 +127,8 @@ class BoxImages(Dataset):
         self.paths = sorted((split_dir / "images").glob("*.png"))
         if not self.paths:
             raise DataError(f"{split_dir / 'images'}: no PNG images")
-        check_one_size(split_dir / "images", self.paths)
-        boxes = read_boxes(split_dir / "boxes.csv", class_names)
+        size = one_size(split_dir / "images", self.paths)
+        boxes = read_boxes(split_dir / "boxes.csv", class_names, size)
         unknown = set(boxes) - {path.name for path in self.paths}
         if unknown:
             raise DataError(f"{split_dir / 'boxes.csv'}: boxes of missing image {min(unknown)}")
@@ -140,9 +155,10 @@ class BoxImages(Dataset):
             return image.convert("RGB"), self.targets[index]
 
 
-def check_one_size(folder: Path, paths: list[Path]) -> None:
-    """Refuse images of several sizes in one split, naming two: a batch stacks them (else
-    torch.stack's error, at the first batch that mixes them). Reads the headers alone."""
+def one_size(folder: Path, paths: list[Path]) -> tuple[int, int]:
+    """The (width, height) of every image of a split; several sizes are refused, naming two: a
+    batch stacks them (else torch.stack's error, at the first batch that mixes them). Reads
+    the headers alone."""
     sizes: dict[tuple[int, int], str] = {}  # (width, height): the first image of that size
     for path in paths:
         with Image.open(path) as image:
@@ -154,6 +170,7 @@ def check_one_size(folder: Path, paths: list[Path]) -> None:
             f"{other_name} {other[0]} x {other[1]}); a batch stacks them: give every image "
             "of a split one size"
         )
+    return next(iter(sizes))
 
 
 def image_transform() -> Callable:
