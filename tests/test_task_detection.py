@@ -106,6 +106,23 @@ def test_an_image_without_boxes_has_int64_labels_too(tmp_path):
     assert torch.cat([target["labels"] for target in targets]).dtype == torch.int64
 
 
+def test_a_step_that_edits_its_targets_in_place_leaves_the_data_as_it_was(tmp_path):
+    """Without worker processes (and on the CPU, where to_device copies nothing) a batch's
+    target dicts were the dataset's own: a step scaling its boxes in place scaled them for
+    every later epoch."""
+    write_detection(tmp_path, num_train=4, num_test=2)
+    data = loader(tmp_path)
+    before = [target["boxes"].clone() for _, target in data.dataset("train")]
+    for _ in range(2):  # two epochs of a step that edits its targets
+        for _, targets in data.train_loader():
+            for target in targets:
+                target["boxes"].mul_(0.5)  # e.g. a resize of its boxes
+                target["labels"].zero_()
+    after = [target for _, target in data.dataset("train")]
+    assert all(torch.equal(old, new["boxes"]) for old, new in zip(before, after, strict=True))
+    assert any(target["labels"].any() for target in after)  # not all class 0
+
+
 @pytest.mark.parametrize(
     ("row", "message"),
     [

@@ -152,7 +152,10 @@ class BoxImages(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Image.Image, dict[str, torch.Tensor]]:
         with Image.open(self.paths[index]) as image:
-            return image.convert("RGB"), self.targets[index]
+            # Copies: a step that edits its targets in place (a flip of the boxes) must not edit
+            # the data of every later epoch (without worker processes nothing else copies them).
+            target = {key: value.clone() for key, value in self.targets[index].items()}
+            return image.convert("RGB"), target
 
 
 def one_size(folder: Path, paths: list[Path]) -> tuple[int, int]:
