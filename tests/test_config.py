@@ -439,8 +439,8 @@ def test_set_freeze_and_param_groups_take_effect_when_the_file_leaves_them_out(m
         # Python's spellings would be strings, and the string "False" is true.
         (
             "optimizer.args.amsgrad=False",
-            "--set 'optimizer.args.amsgrad=False': False is no JSON value: write "
-            "optimizer.args.amsgrad=false (or optimizer.args.amsgrad='\"False\"' for the string)",
+            "--set 'optimizer.args.amsgrad=False': False is no JSON; write "
+            "optimizer.args.amsgrad=false",
         ),
         ("arch.args.pretrained=True", "write arch.args.pretrained=true"),
         ("trainer.len_epoch=None", "write trainer.len_epoch=null"),

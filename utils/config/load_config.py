@@ -65,23 +65,15 @@ def load_json(path: Path) -> dict:
     return config
 
 
-# Python's spellings of JSON's true, false and null: taken as strings, "False" would be true.
-PYTHON_SPELLINGS = {"True": "true", "False": "false", "None": "null"}
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """Split 'KEY.PATH=VALUE' into keys and a value (JSON if it parses, else the raw string;
-    Python's True, False and None are refused, not taken as strings)."""
+    """Split 'KEY.PATH=VALUE' into keys and a value (JSON if it parses, else the raw string)."""
     key_path, separator, raw_value = text.partition("=")
     keys = key_path.split(".")
     if not separator or any(key == "" for key in keys):
         raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. trainer.epochs=5")
-    if raw_value in PYTHON_SPELLINGS:  # a string here, which a constructor would take as true
-        raise ConfigError(
-            f"--set {text!r}: {raw_value} is no JSON value: write "
-            f"{key_path}={PYTHON_SPELLINGS[raw_value]} (or {key_path}='\"{raw_value}\"' for the "
-            "string)"
-        )
+    # Python's spellings are strings here, and a constructor takes the string "False" as true.
+    if spelled := {"True": "true", "False": "false", "None": "null"}.get(raw_value):
+        raise ConfigError(f"--set {text!r}: {raw_value} is no JSON; write {key_path}={spelled}")
     try:
         value = json.loads(raw_value)
     except json.JSONDecodeError:
