@@ -120,9 +120,9 @@ def without_muon(config: dict) -> dict:
     """config.json's recipe as a torch without torch.optim.Muon (< 2.9, CI's floor job) can
     train it: the Muon group removed, with its max_lr, so optimizer.type takes its filters (what
     the refusal tells a user to do). Unchanged where torch has Muon."""
-    if hasattr(torch.optim, "Muon"):
+    groups = config["optimizer"].get("param_groups", [])
+    if hasattr(torch.optim, "Muon") or not any(group.get("optimizer") for group in groups):
         return config
-    groups = config["optimizer"]["param_groups"]
     kept = [index for index, group in enumerate(groups) if group.get("optimizer") != "Muon"]
     config["optimizer"]["param_groups"] = [groups[index] for index in kept]
     rates = config["lr_scheduler"]["args"]["max_lr"]  # the group of the rest first
