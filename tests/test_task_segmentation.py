@@ -351,6 +351,22 @@ def test_predict_writes_a_mask_png_per_image_of_any_size(checkpoint, tmp_path):
     )
 
 
+def test_predict_reads_every_image_a_folder_or_glob_names(checkpoint, tmp_path):
+    """Every image file predict.py documents (.bmp, .tif, .webp too), in a folder or a glob."""
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for name in ("a.png", "b.bmp", "c.tif", "d.webp", "E.PNG"):
+        pixels = np.random.default_rng(len(name)).integers(0, 256, (16, 16, 3), np.uint8)
+        Image.fromarray(pixels).save(inputs / name, lossless=True)
+    args = ["-r", str(checkpoint), "--out-dir", str(tmp_path / "masks")]
+    result = run_main("predict.py", *args, str(inputs))
+    assert result.returncode == 0, result.stderr
+    assert sorted(files_under(tmp_path / "masks")) == ["E.png", "a.png", "b.png", "c.png", "d.png"]
+    globbed = run_main("predict.py", *args[:2], str(inputs / "*.bmp"))
+    assert globbed.returncode == 0, globbed.stderr
+    assert [line.split()[0] for line in globbed.stdout.splitlines()] == [str(inputs / "b.bmp")]
+
+
 def files_under(folder: Path) -> dict[str, str]:
     """Every file under folder (relative name) -> its sha256."""
     return {

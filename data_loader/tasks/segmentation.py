@@ -22,6 +22,7 @@ from torchvision.transforms import v2
 
 from base import BaseDataLoader
 from utils import ConfigValueError, UserError
+from utils.evaluation.predictions import image_paths
 from utils.state.checkpoint import write_atomic
 from utils.util import DataError
 
@@ -129,16 +130,10 @@ class SegmentationDataLoader(BaseDataLoader):
     def read_inputs(
         cls, path: Path, args: dict, feature_names: list[str] | None
     ) -> tuple[list[str], list[torch.Tensor]]:
-        """predict.py: the PNG/JPEG image `path`, or those in folder `path` (sorted), each as the
+        """predict.py: the image `path`, those in folder `path` or those a glob matches (as
+        predict.py finds them for a classifier: every image extension, sorted), each as the
         model's input (3, H, W); images of any size (a list, not a stacked batch)."""
-        if path.is_dir():
-            files = sorted(
-                p for p in path.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg")
-            )
-        else:
-            files = [path]
-        if not files:
-            raise UserError(f"{path}: no .png or .jpg images in it")
+        files = image_paths([str(path)])
         transform, inputs = image_transform(), []
         for file in files:
             try:
