@@ -248,8 +248,12 @@ def hooked_rows(
     out_dir: Path | None,
 ) -> list[dict]:
     """loader_class.prediction_rows of `inputs` (each (C, ...)) with the model's raw outputs on
-    the CPU, in batches of consecutive inputs of one shape (at most batch_size); each row printed."""
+    the CPU, in batches of consecutive inputs of one shape (at most batch_size); each row printed.
+    An input the model refuses (a U-Net's size its stride does not divide) is a UserError."""
     import torch
+
+    from utils import UserError
+    from utils.util import describe_error
 
     rows: list[dict] = []
     start = 0
@@ -261,8 +265,15 @@ def hooked_rows(
             and inputs[end].shape == inputs[start].shape
         ):
             end += 1
-        with torch.inference_mode():
-            outputs = model(torch.stack(inputs[start:end]))
+        batch = torch.stack(inputs[start:end])
+        try:
+            with torch.inference_mode():
+                outputs = model(batch)
+        except (RuntimeError, ValueError) as error:  # what does not fit, as train.py's check
+            raise UserError(
+                f"{names[start]}: the model refuses inputs {tuple(batch.shape[1:])}: "
+                f"{describe_error(error)}"
+            ) from None
         if isinstance(outputs, torch.Tensor):  # logits; else as the model gives them (detections)
             outputs = outputs.float()
         batch_rows = loader_class.prediction_rows(

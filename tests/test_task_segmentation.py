@@ -367,6 +367,15 @@ def test_predict_reads_every_image_a_folder_or_glob_names(checkpoint, tmp_path):
     assert [line.split()[0] for line in globbed.stdout.splitlines()] == [str(inputs / "b.bmp")]
 
 
+def test_predict_refuses_an_image_size_the_unet_cannot_take_in_one_line(checkpoint, tmp_path):
+    """The U-Net takes multiples of its stride (2 here): a 15 x 18 image is named, no traceback."""
+    odd = tmp_path / "odd.png"
+    Image.fromarray(np.zeros((15, 18, 3), np.uint8)).save(odd)
+    result = run_main("predict.py", "-r", str(checkpoint), str(odd))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert str(odd) in result.stderr and "multiples of 2" in result.stderr
+
+
 def files_under(folder: Path) -> dict[str, str]:
     """Every file under folder (relative name) -> its sha256."""
     return {
