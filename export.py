@@ -187,7 +187,7 @@ def resized(
             try:
                 with torch.no_grad():
                     model(batch)
-            except RuntimeError:
+            except (RuntimeError, ValueError):  # a size it refuses (the U-Net's ValueError)
                 continue
             runnable.append((f"{name} {batch.shape[dim]}", batch))
         if not runnable:

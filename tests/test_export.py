@@ -189,3 +189,16 @@ def test_onnx_without_its_packages_names_the_extra(demo_checkpoint, tmp_path, ca
         "not installed): pip install onnx onnxscript onnxruntime (pyproject.toml's onnx extra)\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_size_the_eager_model_refuses_by_value_error_is_left_out():
+    """A model that refuses a size with a ValueError (the U-Net's, for a size its stride does
+    not divide), as with a RuntimeError: that size is not checked, the others are."""
+
+    def multiples_of_4(images: torch.Tensor) -> torch.Tensor:
+        if images.shape[-1] % 4:
+            raise ValueError(f"width must be a multiple of 4, got {images.shape[-1]}")
+        return images
+
+    checked = export.resized(multiples_of_4, torch.zeros(2, 3, 4, 4), {3: "width"})
+    assert [label for label, _ in checked] == ["width 8"]

@@ -438,6 +438,22 @@ def test_the_exported_unet_runs_on_another_image_size(checkpoint, tmp_path):
     assert difference < 1e-4 and model["config"]["arch"]["type"] == "UNet"
 
 
+def test_a_five_level_unet_exports_with_a_dynamic_height_and_width(tmp_path):
+    """The original U-Net's depth, a stride of 16: 32 x 32 example inputs are checked cut to 16,
+    where the deepest level is 1 x 1, a size an exported file refuses (torch.export assumes a
+    dynamic size is not 1); the example is 64 x 64, checked at 32 and 128."""
+    data = write_segmentation(tmp_path / "data", sizes={"train": 8, "val": 4, "test": 4})
+    config = segmentation_config(tmp_path, data, epochs=1)
+    shrunk = json.loads(config.read_text())
+    shrunk["arch"]["args"]["widths"] = [2] * 5
+    config.write_text(json.dumps(shrunk))
+    assert run_main("train.py", "-c", str(config), "--run-id", "deep").returncode == 0
+    checkpoint = tmp_path / "saved" / RUN / "deep" / "checkpoint-epoch1.pth"
+    result = run_main("export.py", "-r", str(checkpoint), "--out", str(tmp_path / "unet.pt2"))
+    assert result.returncode == 0, result.stderr
+    assert "height 32, height 128, width 32, width 128" in result.stdout
+
+
 # --- end to end: the stated figures (slow) ------------------------------------------------------
 
 

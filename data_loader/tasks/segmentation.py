@@ -145,9 +145,11 @@ class SegmentationDataLoader(BaseDataLoader):
 
     @classmethod
     def example_inputs(cls, args: dict, model: torch.nn.Module, batch_size: int) -> torch.Tensor:
-        """export.py: random normalised images (B, 3, 32, 32)."""
+        """export.py: random normalised images (B, 3, S, S), S = 32 or 4 x the U-Net's stride:
+        its parity check halves S, and torch.export takes no size whose deepest level is 1."""
+        size = max(32, 4 * getattr(model, "stride", 1))
         generator = torch.Generator().manual_seed(0)
-        return torch.randn(batch_size, 3, 32, 32, generator=generator)
+        return torch.randn(batch_size, 3, size, size, generator=generator)
 
     @classmethod
     def prediction_files(cls, name: str) -> list[str]:
