@@ -376,6 +376,21 @@ def test_predict_refuses_an_image_size_the_unet_cannot_take_in_one_line(checkpoi
     assert str(odd) in result.stderr and "multiples of 2" in result.stderr
 
 
+@pytest.mark.parametrize("num_classes", [4, 256, 300])
+def test_a_predicted_mask_png_holds_the_argmax_of_any_number_of_classes(tmp_path, num_classes):
+    """The mask PNG's pixels are the logits' argmax, past 255 too (a 16-bit PNG, not wrapped)."""
+    classes = torch.tensor([[0, num_classes - 1, 3], [num_classes // 2, 1, num_classes - 2]])
+    logits = F.one_hot(classes, num_classes).permute(2, 0, 1)[None].float()  # (1, C, 2, 3)
+    names = [f"class_{index}" for index in range(num_classes)]
+    (row,) = SegmentationDataLoader.prediction_rows(
+        ["in/x.jpg"], logits, class_names=names, out_dir=tmp_path
+    )
+    mask = np.asarray(Image.open(tmp_path / "x.png")).astype(np.int64)
+    assert row["mask"] == str(tmp_path / "x.png") and (mask == classes.numpy()).all()
+    share = (classes == num_classes - 1).float().mean().item()
+    assert row[f"share_class_{num_classes - 1}"] == pytest.approx(share, abs=1e-4)
+
+
 def files_under(folder: Path) -> dict[str, str]:
     """Every file under folder (relative name) -> its sha256."""
     return {

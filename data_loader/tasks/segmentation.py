@@ -169,7 +169,9 @@ class SegmentationDataLoader(BaseDataLoader):
         """predict.py: per image, the predicted mask (argmax of the logits (B, C, H, W)) as a PNG
         in out_dir (pixel value = class index), and a row: the image's path, the mask's file and
         each class's share of the pixels."""
-        masks = outputs.argmax(dim=1).to(torch.uint8).numpy()  # (B, H, W)
+        # (B, H, W) class indices: 8-bit PNGs, 16-bit past 256 classes (8 bits would wrap them).
+        dtype = np.uint8 if outputs.shape[1] <= 256 else np.uint16
+        masks = outputs.argmax(dim=1).numpy().astype(dtype)
         rows = []
         for name, mask in zip(names, masks, strict=True):
             row: dict = {"path": name}
