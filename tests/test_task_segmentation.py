@@ -293,6 +293,21 @@ def test_void_pixels_train_with_the_datas_ignore_index_and_a_metric_that_counts_
     assert reported["val/PixelAccuracy"] == pytest.approx(right / labelled, abs=1e-9)
 
 
+def test_images_of_several_sizes_in_a_batch_are_refused_in_one_line(tmp_path):
+    """Training stacks a batch's images: one of another size is named, not a torch.stack
+    traceback; with a batch of 1 the sizes may differ."""
+    data = tiny_data(tmp_path / "data")
+    pixels = np.zeros((20, 24, 3), np.uint8)  # 00003.png: 20 x 24, the others 16 x 16
+    Image.fromarray(pixels).save(data / "train" / "images" / "00003.png")
+    Image.fromarray(pixels[..., 0]).save(data / "train" / "masks" / "00003.png")
+    result = run_main("train.py", "-c", str(segmentation_config(tmp_path, data, epochs=1)))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert "16 x 16 and 20 x 24" in result.stderr and str(data / "train") in result.stderr
+    data_loader = SegmentationDataLoader(str(data), batch_size=1, seed=0)
+    batches = data_loader.train_loader()
+    assert sorted({tuple(images.shape[-2:]) for images, _ in batches}) == [(16, 16), (20, 24)]
+
+
 def test_weighted_sampling_is_refused_in_one_line_and_folds_deal_masks_without_classes(tmp_path):
     root = str(tiny_data(tmp_path / "data"))
     weighted = SegmentationDataLoader(root, batch_size=4, seed=0, sampler="weighted")

@@ -2,7 +2,7 @@
 
 On disk (write_segmentation writes this; a user's data looks the same):
     <data_dir>/classes.json               ["background", "disk", ...]: class i is pixel value i
-    <data_dir>/<split>/images/<name>.png  RGB, any size
+    <data_dir>/<split>/images/<name>.png  RGB, any size (one size in a batch, unless batch_size 1)
     <data_dir>/<split>/masks/<name>.png   one channel (mode "L"), same name and size
 for split in train, val, test. Named in configs as data_loader.type "SegmentationDataLoader".
 """
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
@@ -110,6 +110,9 @@ class SegmentationDataLoader(BaseDataLoader):
     def pair_transform(self, augment: bool) -> Callable[[Any, Any], tuple[Any, Any]] | None:
         """Training: (image, mask) flipped together, from the per-sample seeded generator."""
         return JointFlips() if augment and self.flip else None
+
+    def collate(self, split: str) -> Callable:
+        return functools.partial(stack_pairs, location=self.location(split))
 
     def class_names(self) -> list[str]:
         if self.names is not None:
@@ -205,6 +208,19 @@ class JointFlips:
     def __call__(self, image: Image.Image, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         image, mask = self.flips(image, tv_tensors.Mask(mask))
         return self.normalise(image), mask.as_subclass(torch.Tensor)
+
+
+def stack_pairs(samples: list, location: str) -> Any:
+    """The collate hook: torch's default_collate, which stacks the images (B, 3, H, W) and masks
+    (B, H, W); images of several sizes in one batch are refused, naming them."""
+    sizes = sorted({tuple(image.shape[-2:]) for image, _ in samples})
+    if len(sizes) > 1:
+        named = " and ".join(f"{height} x {width}" for height, width in sizes)
+        raise DataError(
+            f"{location}: a batch holds images of {named} pixels, but it stacks images of one "
+            "size: resize the images to one size, or set data_loader.args.batch_size to 1"
+        )
+    return default_collate(samples)
 
 
 def image_transform() -> Callable:
