@@ -174,6 +174,19 @@ def test_a_mask_class_past_the_model_is_refused_before_anything_is_written(tmp_p
     assert not (tmp_path / "saved" / "models").exists()
 
 
+def test_a_mask_class_without_a_name_is_refused_before_anything_is_written(tmp_path):
+    """classes.json names 3 classes, the masks hold 4 (the model has 4 outputs): the summary,
+    the confusion matrix and predict.py's shares would leave the triangles out, silently."""
+    root = tiny_data(tmp_path / "data")
+    (root / "classes.json").write_text(json.dumps(["background", "disk", "square"]))
+    config = segmentation_config(tmp_path, root)
+    overrides = ["--set", 'metrics=["accuracy"]', "--set", "trainer.monitor=min val/loss"]
+    result = run_main("train.py", "-c", str(config), *overrides)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "class index 3" in result.stderr and "3 class names" in result.stderr
+    assert not (tmp_path / "saved" / "models").exists()
+
+
 # --- void pixels: ignore_index reaches the loss and the metrics --------------------------------
 
 

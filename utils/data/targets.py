@@ -104,10 +104,16 @@ def check_classes(data: "BaseDataLoader", num_classes: int) -> None:
             f"{data.location('train')}: class index {int(values.min())} in the targets{ignore}; "
             "classes are 0 to num_classes - 1"
         )
-    num_data_classes = max(len(data.class_names()), int(values.max(initial=-1)) + 1)
+    names = data.class_names()
+    num_data_classes = max(len(names), int(values.max(initial=-1)) + 1)
     if num_data_classes > num_classes:
         raise DataError(
             f"{data.location('train')}: {num_data_classes} classes, but arch.args.num_classes "
             f"is {num_classes}: labels {num_classes} to {num_data_classes - 1} are outside "
             f"the model's outputs; set arch.args.num_classes to {num_data_classes}"
+        )
+    if names and values.max(initial=-1) >= len(names):  # else left out of summaries, unnamed
+        raise DataError(
+            f"{data.location('train')}: class index {int(values.max())} in the targets, but "
+            f"{len(names)} class names ({', '.join(names[:5])}); name every class"
         )
