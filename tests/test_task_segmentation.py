@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from data_loader.tasks.segmentation import (
 from model.loss import cross_entropy
 from utils.data.data_summary import log_data_summary
 from utils.data.sampler import SeededIndex
-from utils.util import DataError
+from utils.util import ConfigValueError, DataError
 
 RUN = Path("models") / "Segment_Shapes"
 NUM_CLASSES = 4  # background, disk, square, triangle
@@ -162,6 +163,19 @@ def test_target_classes_leaves_out_ignore_index_and_the_check_reads_masks(tmp_pa
     Image.fromarray(mask).save(mask_path)
     with pytest.raises(DataError, match=r"5 classes, but arch.args.num_classes is 4"):
         SegmentationDataLoader(str(root), batch_size=4, seed=0, ignore_index=255).check(4)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"flip": "false"}, "flip: must be true or false, got 'false'"),  # a string: truthy
+        ({"ignore_index": "255"}, "ignore_index: must be an integer or null, got '255'"),
+        ({"ignore_index": True}, "ignore_index: must be an integer or null, got True"),
+    ],
+)
+def test_a_flip_or_ignore_index_of_another_type_is_refused(tmp_path, args, message):
+    with pytest.raises(ConfigValueError, match=re.escape(message)):
+        SegmentationDataLoader(str(tmp_path), batch_size=4, seed=0, **args)
 
 
 def test_a_mask_class_past_the_model_is_refused_before_anything_is_written(tmp_path):

@@ -88,6 +88,12 @@ class SegmentationDataLoader(BaseDataLoader):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not isinstance(flip, bool):  # "false", a string, would flip
+            raise ConfigValueError(f"flip: must be true or false, got {flip!r}")
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int | None):
+            raise ConfigValueError(
+                f"ignore_index: must be an integer or null, got {ignore_index!r}"
+            )
         self.data_dir = Path(data_dir)
         self.flip = flip
         self.ignore_index = ignore_index
