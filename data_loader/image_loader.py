@@ -4,6 +4,7 @@ and augmentation, and the choice of input pipeline), and load_image, their image
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision import datasets
@@ -29,8 +30,12 @@ PIPELINES = ("dataloader", "device")
 
 
 def load_image(path: str) -> Image.Image:
-    """ImageFolder's loader, with a file PIL cannot read reported as a DataError naming it."""
+    """ImageFolder's loader (an RGB PIL image), with a 16-bit grayscale image scaled to 8 bits
+    and a file PIL cannot read reported as a DataError naming it."""
     try:
+        with Image.open(path) as image:
+            if image.mode.startswith("I;16"):  # convert("RGB") would clip every value at 255
+                return Image.fromarray((np.asarray(image) >> 8).astype(np.uint8)).convert("RGB")
         return datasets.folder.default_loader(path)
     # PIL reports a broken file as OSError (also UnidentifiedImageError, "image file is
     # truncated"), SyntaxError or ValueError, depending on the format and the damage.

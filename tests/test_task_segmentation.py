@@ -165,6 +165,21 @@ def test_target_classes_leaves_out_ignore_index_and_the_check_reads_masks(tmp_pa
         SegmentationDataLoader(str(root), batch_size=4, seed=0, ignore_index=255).check(4)
 
 
+def test_a_16_bit_image_keeps_its_contrast_in_training_and_in_predict(tmp_path):
+    """A 16-bit grayscale PNG (microscopy, medical) is scaled to 8 bits, not clipped at 255,
+    which made every pixel above 255 of 65535 white: the training input and predict.py's."""
+    root = tiny_data(tmp_path / "data")
+    values = np.linspace(0, 65535, 16 * 16).astype(np.uint16).reshape(16, 16)
+    path = root / "train" / "images" / "00000.png"
+    Image.fromarray(values).save(path)
+    assert Image.open(path).mode == "I;16"
+    image, _ = SegmentationDataLoader(str(root), batch_size=4, seed=0).dataset("train")[0]
+    expected = np.repeat((values >> 8).astype(np.uint8)[..., None], 3, axis=2)
+    assert (np.asarray(image) == expected).all()
+    (name,), (inputs,) = SegmentationDataLoader.read_inputs(path, {}, None)
+    assert name == str(path) and torch.equal(inputs, image_transform()(Image.fromarray(expected)))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

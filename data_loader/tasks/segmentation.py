@@ -21,7 +21,8 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from base import BaseDataLoader
-from utils import ConfigValueError, UserError
+from data_loader.image_loader import load_image
+from utils import ConfigValueError
 from utils.evaluation.predictions import image_paths
 from utils.state.checkpoint import write_atomic
 from utils.util import DataError
@@ -55,7 +56,7 @@ class MaskFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Image.Image, torch.Tensor]:
         image_path, mask_name = self.samples[index]
-        image = Image.open(image_path).convert("RGB")
+        image = load_image(image_path)
         mask = np.asarray(Image.open(self.root / mask_name))
         if mask.ndim != 2 or mask.shape != (image.height, image.width):
             raise DataError(
@@ -145,11 +146,7 @@ class SegmentationDataLoader(BaseDataLoader):
         files = image_paths([str(path)])
         transform, inputs = image_transform(), []
         for file in files:
-            try:
-                with Image.open(file) as image:
-                    inputs.append(transform(image.convert("RGB")))
-            except OSError as error:
-                raise UserError(f"{file}: not an image ({error})") from None
+            inputs.append(transform(load_image(str(file))))  # an unreadable one: a DataError
         return [str(file) for file in files], inputs
 
     @classmethod
