@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torchvision import datasets
 from torchvision.transforms import v2
 
 from base import BaseDataLoader
@@ -30,19 +29,26 @@ PIPELINES = ("dataloader", "device")
 
 
 def load_image(path: str) -> Image.Image:
-    """ImageFolder's loader (an RGB PIL image), with a 16-bit grayscale image scaled to 8 bits
-    and a file PIL cannot read reported as a DataError naming it."""
+    """An image file as 8-bit RGB (ImageFolder's loader), a file PIL cannot read reported as a
+    DataError naming it."""
     try:
-        with Image.open(path) as image:
-            if image.mode.startswith("I;16"):  # convert("RGB") would clip every value at 255
-                return Image.fromarray((np.asarray(image) >> 8).astype(np.uint8)).convert("RGB")
-        return datasets.folder.default_loader(path)
+        with open(path, "rb") as file:
+            return eight_bit(Image.open(file)).convert("RGB")
     # PIL reports a broken file as OSError (also UnidentifiedImageError, "image file is
     # truncated"), SyntaxError or ValueError, depending on the format and the damage.
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise DataError(
             f"{path}: unreadable image ({describe_error(error)}); replace or remove it"
         ) from None
+
+
+def eight_bit(image: Image.Image) -> Image.Image:
+    """A 16-bit grey image (mode "I;16...", or "I", read as 16-bit) scaled to 8 bits: PIL's own
+    conversion to RGB clips its values at 255, which makes it nearly all white."""
+    if not image.mode.startswith("I"):
+        return image
+    values = np.clip(np.asarray(image.convert("I")), 0, 65535)
+    return Image.fromarray(((values + 128) // 257).astype(np.uint8))
 
 
 def load_image_tensor(path: str) -> torch.Tensor:

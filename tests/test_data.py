@@ -519,6 +519,29 @@ def test_image_folder_val_classes_must_match_train(tmp_path):
     assert str(root / "val") in str(error.value)
 
 
+def grey_as(pixels: np.ndarray, mode: str) -> Image.Image:
+    """The 8-bit grey `pixels` as an image of `mode`: 16-bit ones hold each value x 257."""
+    if mode.startswith("I"):
+        return Image.fromarray(pixels.astype(np.uint16) * 257).convert(mode)
+    return Image.fromarray(pixels).convert(mode)
+
+
+@pytest.mark.parametrize(
+    ("mode", "suffix"),
+    [("L", ".png"), ("RGBA", ".png"), ("I;16", ".png"), ("I;16", ".tif"), ("I", ".tif")],
+)
+def test_an_image_reaches_the_model_the_same_whatever_its_bit_depth(tmp_path, mode, suffix):
+    # A 16-bit image converted as PIL does it, clipped to 255, reaches the model all white.
+    pixels = np.random.default_rng(0).integers(0, 256, size=(32, 32), dtype=np.uint8)
+    for name, image in (("a", grey_as(pixels, "RGB")), ("b", grey_as(pixels, mode))):
+        (tmp_path / "images" / "train" / name).mkdir(parents=True)
+        image.save(tmp_path / "images" / "train" / name / f"0{suffix}")
+    data = image_folder(tmp_path / "images", preset="cifar", validation_split=0)
+    images, labels = all_batches(data.eval_loader("train"))
+    assert labels.tolist() == [0, 1]
+    torch.testing.assert_close(images[1], images[0], atol=1e-6, rtol=0)
+
+
 def test_image_folder_unknown_preset(tmp_path):
     root = make_image_folder(tmp_path / "images", {"train": CLASSES})
     with pytest.raises(ValueError, match="unknown preset 'mnist'"):
