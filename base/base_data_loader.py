@@ -145,13 +145,7 @@ class BaseDataLoader(abc.ABC):
         if self.folds:
             return self.fold_indices()
         num_samples = len(self.dataset("train"))
-        share = self.validation_split  # a fraction of the samples, or a count
-        num_val = round(num_samples * share) if isinstance(share, float) else share
-        if num_val >= num_samples:
-            raise DataError(
-                f"data_loader.args.validation_split: {self.validation_split} leaves no training "
-                f"samples out of {num_samples}"
-            )
+        num_val = data_splits.validation_count(num_samples, self.validation_split)
         return data_splits.holdout_split(num_samples, num_val, self.seed)
 
     def fold_indices(self) -> tuple[np.ndarray, np.ndarray]:

@@ -154,6 +154,30 @@ def test_validation_split_leaving_no_training_data(validation_split):
         synthetic(validation_split=validation_split).split_indices()
 
 
+@settings(max_examples=50, deadline=None)
+@given(
+    num_train=st.integers(1, 60),
+    share=st.floats(0.001, 0.999) | st.integers(1, 70),
+    seed=st.integers(0, 2**31),
+)
+def test_a_validation_split_is_a_partition_of_two_non_empty_shares_or_refused(
+    num_train, share, seed
+):
+    data = synthetic(num_train=num_train, validation_split=share, seed=seed)
+    try:
+        train, val = data.split_indices()
+    except DataError as error:  # too few samples for the share asked: the message says which
+        assert "validation_split" in str(error)
+        return
+    assert len(train) and len(val) and not set(train.tolist()) & set(val.tolist())
+    assert sorted([*train.tolist(), *val.tolist()]) == list(range(num_train))
+
+
+def test_a_validation_fraction_of_no_sample_says_to_raise_it():
+    with pytest.raises(DataError, match=r"validation_split: 0.002 of 200 .* raise it"):
+        synthetic(validation_split=0.002).split_indices()
+
+
 @PIPELINES
 def test_validation_loader_is_not_augmented(pipeline):
     data = synthetic(pipeline=pipeline)

@@ -10,6 +10,23 @@ import numpy as np
 from utils.util import DataError
 
 
+def validation_count(num_samples: int, share: float | int) -> int:
+    """How many of num_samples validation_split `share` holds out (a fraction, or a count); a
+    share that rounds to no sample, or leaves no training sample, is refused."""
+    num_val = round(num_samples * share) if isinstance(share, float) else share
+    if num_val >= num_samples:
+        raise DataError(
+            f"data_loader.args.validation_split: {share} leaves no training samples out of "
+            f"{num_samples}"
+        )
+    if share and num_val == 0:  # a fraction too small for the data: not an empty split
+        raise DataError(
+            f"data_loader.args.validation_split: {share} of {num_samples} training samples is "
+            "no sample; raise it, or give a number of samples"
+        )
+    return num_val
+
+
 def holdout_split(num_samples: int, num_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, validation) indices: num_val of num_samples held out by a permutation seeded by
     seed alone, so the split is the same on every rank and in test.py."""
