@@ -127,6 +127,13 @@ class ImageDataLoader(BaseDataLoader):
                 raise ConfigValueError(
                     f'eval_resize_size: only for preset "imagenet", not "{self.preset}"'
                 )
+            # CenterCrop pads an image smaller than the crop: black borders on every one.
+            crop = eval_image_size or image_size or IMAGE_SIZES[self.preset]
+            if eval_resize_size < crop:
+                raise ConfigValueError(
+                    f"eval_resize_size: {eval_resize_size} is smaller than the evaluation crop "
+                    f"{crop} (eval_image_size, else image_size)"
+                )
             self.augmentation["eval_resize_size"] = eval_resize_size
         self.pipeline = pipeline
         self.check_pipeline()

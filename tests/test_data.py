@@ -566,6 +566,19 @@ def test_an_image_reaches_the_model_the_same_whatever_its_bit_depth(tmp_path, mo
     torch.testing.assert_close(images[1], images[0], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("sizes", "crop"), [({"image_size": 64}, 64), ({"image_size": 32, "eval_image_size": 64}, 64)]
+)
+def test_an_evaluation_resize_smaller_than_its_crop_is_refused(tmp_path, sizes, crop):
+    # CenterCrop would pad every evaluation image with black borders to reach the crop.
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": CLASSES})
+    with pytest.raises(ValueError, match=f"eval_resize_size: 48 is smaller than .* {crop}"):
+        image_folder(root, preset="imagenet", eval_resize_size=48, **sizes)
+    data = image_folder(root, preset="imagenet", eval_resize_size=crop, **sizes)
+    images, _ = all_batches(data.val_loader())
+    assert images.shape[-2:] == (crop, crop)
+
+
 def test_image_folder_unknown_preset(tmp_path):
     root = make_image_folder(tmp_path / "images", {"train": CLASSES})
     with pytest.raises(ValueError, match="unknown preset 'mnist'"):
