@@ -15,7 +15,12 @@ from base.base_data_loader import BaseDataLoader, DataError  # noqa: F401
 from data_loader.device_decode import DeviceDecodedBatches, EncodedImages, collate_encoded
 from data_loader.device_pipeline import Normalise, stack_arrays
 from data_loader.image_cache import cache_path, decode_and_cache, load_cached
-from data_loader.image_loader import ImageDataLoader, load_image, load_image_tensor
+from data_loader.image_loader import (
+    ImageDataLoader,
+    VisibleImageFolder,
+    load_image,
+    load_image_tensor,
+)
 from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import SyntheticShapes
 from data_loader.tabular import TabularDataLoader
@@ -148,7 +153,7 @@ class ImageFolderDataLoader(ImageDataLoader):
     def load_split(self, split: str) -> Dataset:
         folder = Path(self.location(split))
         try:
-            dataset = datasets.ImageFolder(folder, loader=load_image)
+            dataset = VisibleImageFolder(folder, loader=load_image)
         except (FileNotFoundError, OSError) as error:
             raise DataError(f"{folder}: {error}") from None
         if split != "train" and dataset.classes != self.dataset("train").classes:

@@ -1,12 +1,14 @@
 """ImageDataLoader: what the image classification loaders share (a transform preset, its sizes
 and augmentation, and the choice of input pipeline), and load_image, their image reader."""
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
+from torchvision import datasets
 from torchvision.transforms import v2
 
 from base import BaseDataLoader
@@ -26,6 +28,26 @@ from utils.data.sampler import EpochSampler, alternating_flips
 # data_loader.args.pipeline: per-sample transforms in DataLoader workers, or the split held on
 # the training device and augmented there a batch at a time (data_loader/device_pipeline.py).
 PIPELINES = ("dataloader", "device")
+
+
+class VisibleImageFolder(datasets.ImageFolder):
+    """ImageFolder without hidden entries: class folders and files whose names start with "."
+    (.ipynb_checkpoints, macOS's ._<name> beside each copied file: not images) are not data."""
+
+    def __init__(self, root: str | os.PathLike, **kwargs: Any) -> None:
+        super().__init__(root, is_valid_file=visible_image, **kwargs)
+
+    def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+        classes = [name for name in super().find_classes(directory)[0] if name[0] != "."]
+        if not classes:
+            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+        return classes, {name: index for index, name in enumerate(classes)}
+
+
+def visible_image(path: str) -> bool:
+    """An image file by its extension, as ImageFolder's are, and not a hidden file."""
+    name = os.path.basename(path)
+    return name[0] != "." and name.lower().endswith(datasets.folder.IMG_EXTENSIONS)
 
 
 def load_image(path: str) -> Image.Image:

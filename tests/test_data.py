@@ -535,6 +535,27 @@ def test_image_folder_with_empty_class_folders(tmp_path):
         image_folder(root).train_loader()
 
 
+@pytest.mark.parametrize("path", FOLDER_PATHS)
+def test_hidden_files_and_folders_are_not_data(tmp_path, path):
+    # What macOS and Jupyter leave behind: ._<name> beside each copied file (AppleDouble, not an
+    # image), .DS_Store, and a .ipynb_checkpoints folder, which ImageFolder took for a class.
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": CLASSES})
+    for split in ("train", "val"):
+        (root / split / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+        (root / split / ".ipynb_checkpoints").mkdir()
+        (root / split / ".ipynb_checkpoints" / "notes-checkpoint.ipynb").write_text("{}")
+        for name in CLASSES:
+            (root / split / name / "._0.png").write_bytes(b"\0\5\x16\7" + bytes(60))
+    preset = "cifar" if path == "pipeline" else "imagenet"
+    data = image_folder(root, preset=preset, image_size=32, **FOLDER_PATHS[path])
+    assert data.class_names() == CLASSES
+    _, train_labels = all_batches(data.train_loader())
+    _, val_labels = all_batches(data.val_loader())
+    assert (
+        sorted(train_labels.tolist()) == sorted(val_labels.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    )
+
+
 def test_image_folder_val_classes_must_match_train(tmp_path):
     root = make_image_folder(tmp_path / "images", {"train": CLASSES, "val": ["cat", "dog"]})
     data = image_folder(root)
