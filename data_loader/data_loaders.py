@@ -153,13 +153,15 @@ class ImageFolderDataLoader(ImageDataLoader):
     def load_split(self, split: str) -> Dataset:
         folder = Path(self.location(split))
         try:
-            dataset = VisibleImageFolder(folder, loader=load_image)
+            # An evaluation set may hold no image of a class: its folder is then empty.
+            dataset = VisibleImageFolder(folder, loader=load_image, allow_empty=split != "train")
         except (FileNotFoundError, OSError) as error:
             raise DataError(f"{folder}: {error}") from None
         if split != "train" and dataset.classes != self.dataset("train").classes:
             raise DataError(
                 f"{folder}: its class folders {dataset.classes} differ from those of "
-                f"{self.data_dir / 'train'}"
+                f"{self.data_dir / 'train'}, which give the labels; make them the same (an "
+                "empty folder for a class without images)"
             )
         return dataset
 

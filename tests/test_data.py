@@ -562,6 +562,21 @@ def test_image_folder_val_classes_must_match_train(tmp_path):
     with pytest.raises(DataError, match="differ") as error:
         data.val_loader()
     assert str(root / "val") in str(error.value)
+    assert "an empty folder for a class without images" in str(error.value)
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_an_evaluation_folder_may_hold_no_image_of_a_class(tmp_path, split):
+    # A test set without a sample of some class: its folder left empty keeps the labels right.
+    root = make_image_folder(
+        tmp_path / "images", {"train": CLASSES, "val": CLASSES, split: CLASSES}
+    )
+    for image in (root / split / "dog").iterdir():
+        image.unlink()
+    data = image_folder(root, preset="imagenet", image_size=32)
+    _, labels = all_batches(data.eval_loader(split))
+    assert sorted(set(labels.tolist())) == [0, 2]
+    assert data.dataset(split).classes == CLASSES
 
 
 def grey_as(pixels: np.ndarray, mode: str) -> Image.Image:

@@ -156,7 +156,7 @@ def check_loaders(
     if num_samples(train) == 0:
         raise UserError("the training split is empty: nothing to train on")
     if val is not None and num_samples(val) == 0:
-        raise UserError("the validation split is empty: lower validation_split or add data")
+        raise UserError("the validation split is empty: nothing to validate on")
     if monitor_key.startswith("val/") and val is None:
         raise UserError(
             f"trainer.monitor watches {monitor_key} but there is no validation data: "
