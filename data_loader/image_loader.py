@@ -104,12 +104,18 @@ class ImageDataLoader(BaseDataLoader):
         auto_augment: str | None = None,
         random_erasing: float = 0.0,
         flip: str = "random",
-        crop_padding: int = 4,
-        padding_mode: str = "constant",
+        crop_padding: int | None = None,
+        padding_mode: str | None = None,
         pipeline: str = "dataloader",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # The imagenet preset's crop is RandomResizedCrop: no padding to set.
+        for name, value in (("crop_padding", crop_padding), ("padding_mode", padding_mode)):
+            if value is not None and self.preset != "cifar":
+                raise ConfigValueError(f'{name}: only for preset "cifar", not "{self.preset}"')
+        crop_padding = 4 if crop_padding is None else crop_padding
+        padding_mode = "constant" if padding_mode is None else padding_mode
         if flip not in FLIPS:
             raise ConfigValueError(f"flip must be one of {', '.join(FLIPS)}, got {flip!r}")
         if padding_mode not in PADDING_MODES:
@@ -142,7 +148,7 @@ class ImageDataLoader(BaseDataLoader):
             "random_erasing": random_erasing,
             "flip": flip,
         }
-        if self.preset == "cifar":  # the imagenet preset's crop is RandomResizedCrop
+        if self.preset == "cifar":
             self.augmentation.update(crop_padding=crop_padding, padding_mode=padding_mode)
         if eval_resize_size is not None:
             if self.preset != "imagenet":

@@ -615,6 +615,15 @@ def test_an_evaluation_resize_smaller_than_its_crop_is_refused(tmp_path, sizes, 
     assert images.shape[-2:] == (crop, crop)
 
 
+@pytest.mark.parametrize("option", [{"crop_padding": 8}, {"padding_mode": "reflect"}], ids=str)
+def test_the_cifar_crops_options_are_refused_with_the_imagenet_preset(tmp_path, option):
+    # RandomResizedCrop has no padding: the option would change nothing, silently.
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES})
+    with pytest.raises(ValueError, match=f'{next(iter(option))}.*only for preset "cifar"'):
+        image_folder(root, preset="imagenet", **option)
+    assert image_folder(root, preset="cifar", **option).augmentation.items() >= option.items()
+
+
 def test_image_folder_unknown_preset(tmp_path):
     root = make_image_folder(tmp_path / "images", {"train": CLASSES})
     with pytest.raises(ValueError, match="unknown preset 'mnist'"):
