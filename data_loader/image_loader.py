@@ -66,7 +66,10 @@ def load_image(path: str) -> Image.Image:
 
 def eight_bit(image: Image.Image) -> Image.Image:
     """A 16-bit grey image (mode "I;16...", or "I", read as 16-bit) scaled to 8 bits: PIL's own
-    conversion to RGB clips its values at 255, which makes it nearly all white."""
+    conversion to RGB clips its values at 255, which makes it nearly all white. Floating-point
+    pixels, whose range is not known, are refused."""
+    if image.mode == "F":
+        raise ValueError("floating-point pixels of unknown range; save it with 8 or 16 bits")
     if not image.mode.startswith("I"):
         return image
     values = np.clip(np.asarray(image.convert("I")), 0, 65535)

@@ -602,6 +602,16 @@ def test_an_image_reaches_the_model_the_same_whatever_its_bit_depth(tmp_path, mo
     torch.testing.assert_close(images[1], images[0], atol=1e-6, rtol=0)
 
 
+def test_a_floating_point_image_is_refused_naming_it(tmp_path):
+    # Pixels of unknown range (here 0 to 1): PIL's conversion clips them to 0 or 1 of 255, black.
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES})
+    path = root / "train" / "dog" / "float.tif"
+    Image.fromarray(np.random.default_rng(0).random((32, 32), dtype=np.float32)).save(path)
+    data = image_folder(root, preset="cifar", sampler="sequential")
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}: .*floating-point"):
+        all_batches(data.train_loader())
+
+
 @pytest.mark.parametrize(
     ("sizes", "crop"), [({"image_size": 64}, 64), ({"image_size": 32, "eval_image_size": 64}, 64)]
 )
