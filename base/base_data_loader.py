@@ -217,6 +217,7 @@ class BaseDataLoader(abc.ABC):
             replacement=self.replacement and self.sampler == "random",
             num_samples=self.num_samples if drawn else None,
             weights=weights,
+            seeded=True,  # a sequential order is augmented too
         )
 
     def view(self, split: str, augment: bool) -> Dataset:

@@ -386,6 +386,36 @@ def test_pass_indices_are_the_indices_iteration_yields(num_examples):
     check()
 
 
+def flipped_images(data: SyntheticDataLoader, epoch: int) -> list[int]:
+    """The training indices `data`'s loader yields mirrored in `epoch` (crop_padding 0)."""
+    loader = data.train_loader()
+    loader.sampler.set_epoch(epoch)
+    images, _ = all_batches(loader)
+    plain = data.view("train", augment=False)
+    order = loader.sampler.pass_indices().tolist()
+    return [
+        index
+        for index, image in zip(order, images, strict=True)
+        if torch.equal(image, plain[index][0].flip(-1))
+    ]
+
+
+@pytest.mark.usefixtures("restore_global_rngs")
+@pytest.mark.parametrize("num_workers", [0, 1])
+@PIPELINES
+def test_a_sequential_training_sampler_augments_as_a_shuffled_one(pipeline, num_workers):
+    # A sequential training order yielded plain indices, as evaluation does: the DataLoader path
+    # then left out alternating flips altogether, and drew the rest from the global RNG.
+    args = {"sampler": "sequential", "flip": "alternating", "crop_padding": 0}
+    if pipeline == "dataloader":
+        args["num_workers"] = num_workers
+    data = synthetic(pipeline=pipeline, validation_split=0, num_train=40, **args)
+    flips = data.train_sampler().flips
+    for epoch in (1, 2):
+        expected = np.flatnonzero(flips ^ (epoch % 2 == 1)).tolist()
+        assert flipped_images(data, epoch) == expected
+
+
 # --- Cifar10DataLoader on a generated archive in torchvision's format ------------------------
 
 

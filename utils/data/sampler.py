@@ -23,7 +23,9 @@ class EpochSampler(Sampler[int]):
     Each rank takes every num_replicas-th position of that sequence, so the shares are disjoint
     and weighted draws keep their class balance over all ranks together. `pad` repeats the
     first positions until every rank has the same count (training needs equal step counts under
-    DDP); evaluation leaves it off so every sample is counted exactly once.
+    DDP); evaluation leaves it off so every sample is counted exactly once. `seeded` (default:
+    shuffle; the training sampler's is always on) yields each index with its augmentation's
+    seed and flip (SeededIndex); evaluation's plain indices have none.
     """
 
     def __init__(
@@ -38,11 +40,14 @@ class EpochSampler(Sampler[int]):
         replacement: bool = False,
         num_samples: int | None = None,
         weights: Sequence[float] | None = None,
+        seeded: bool | None = None,
     ) -> None:
         # Draws of any kind are random: without shuffle there is only the given order.
         assert shuffle or (not replacement and num_samples is None and weights is None)
         self.indices = np.asarray(indices, dtype=np.int64)
         self.shuffle = shuffle
+        # Training (by default: a shuffled order): each index carries its augmentation's seed.
+        self.seeded = shuffle if seeded is None else seeded
         self.seed = seed
         self.num_replicas = num_replicas
         self.rank = rank
@@ -120,7 +125,7 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Any:
         mine = self.positions()
         indices = self.global_order(self.epoch, self.pass_index)[mine].tolist()
-        if not self.shuffle:  # evaluation: nothing is augmented
+        if not self.seeded:  # evaluation: nothing is augmented
             return iter(indices)
         # Training: each sample with the seed its augmentation draws from, a function of
         # (seed, epoch, pass, position in the pass's order).
