@@ -106,6 +106,19 @@ def test_an_epoch_gives_the_same_pairs_again_and_in_worker_processes(tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
 
 
+def test_upper_case_pngs_are_data_and_hidden_files_are_not(tmp_path):
+    """A camera's or Windows' IMG.PNG was skipped without a word (the split read *.png alone),
+    and macOS's ._<name>.png beside each copied file (no image) would be read as one."""
+    root = tiny_data(tmp_path / "data")
+    for folder in ("images", "masks"):
+        (root / "train" / folder / "00000.png").rename(root / "train" / folder / "00000.PNG")
+    (root / "train" / "images" / "._00001.png").write_bytes(b"\x00\x05\x16\x07")
+    data = SegmentationDataLoader(str(root), batch_size=4, seed=0)
+    train = data.dataset("train")
+    assert len(train) == 12
+    assert all(train[index][0].size == (16, 16) for index in range(len(train)))
+
+
 # --- the hooks' defaults, as BaseDataLoader defines them ----------------------------------------
 
 
@@ -415,6 +428,10 @@ def test_predict_reads_every_image_a_folder_or_glob_names(checkpoint, tmp_path):
     for name in ("a.png", "b.bmp", "c.tif", "d.webp", "E.PNG"):
         pixels = np.random.default_rng(len(name)).integers(0, 256, (16, 16, 3), np.uint8)
         Image.fromarray(pixels).save(inputs / name, lossless=True)
+    # Hidden files are not inputs: macOS's ._<name> beside a copied file, a notebook's folder.
+    (inputs / "._a.png").write_bytes(b"\x00\x05\x16\x07")
+    (inputs / ".ipynb_checkpoints").mkdir()
+    (inputs / ".ipynb_checkpoints" / "x.png").write_bytes(b"not an image")
     args = ["-r", str(checkpoint), "--out-dir", str(tmp_path / "masks")]
     result = run_main("predict.py", *args, str(inputs))
     assert result.returncode == 0, result.stderr

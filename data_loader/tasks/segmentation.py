@@ -33,12 +33,13 @@ SHAPES = ("disk", "square", "triangle")
 
 
 class MaskFolder(Dataset):
-    """(RGB PIL image, mask (H, W) int64) pairs of <root>/images/*.png and <root>/masks/*.png,
-    matched by file name, sorted."""
+    """(RGB PIL image, mask (H, W) int64) pairs of <root>/images/*.png and <root>/masks/*.png
+    (.PNG too; hidden files are not data), matched by file name, sorted."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        images = sorted((root / "images").glob("*.png"))
+        pngs = [path for path in (root / "images").glob("*") if path.suffix.lower() == ".png"]
+        images = sorted(path for path in pngs if not path.name.startswith("."))
         if not images:
             raise DataError(
                 f"{root / 'images'}: no PNG images (see data_loader/tasks/segmentation.py)"

@@ -101,7 +101,7 @@ def file_id(path: Path) -> tuple[int, int]:
 
 def image_paths(inputs: list[str]) -> list[Path]:
     """The files INPUTs name, sorted by path: files as given, folders searched recursively for
-    image files (by extension), globs expanded (recursively with **)."""
+    image files (by extension; hidden ones left out), globs expanded (recursively with **)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     found: set[Path] = set()
@@ -115,10 +115,13 @@ def image_paths(inputs: list[str]) -> list[Path]:
             raise UserError(f"{text}: {kind}")
         files = [path for path in named if not path.is_dir()]
         for folder in (path for path in named if path.is_dir()):
+            # Not hidden ones (macOS's ._<name> beside each copied file, .ipynb_checkpoints/).
             files += [
                 path
                 for path in folder.rglob("*")
-                if path.suffix.lower() in IMG_EXTENSIONS and path.is_file()
+                if path.suffix.lower() in IMG_EXTENSIONS
+                and path.is_file()
+                and not any(part[0] == "." for part in path.relative_to(folder).parts)
             ]
         if not files:
             raise UserError(f"{text}: no image files ({', '.join(IMG_EXTENSIONS)}) in it")
