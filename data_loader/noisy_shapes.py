@@ -12,6 +12,7 @@ from torchvision.transforms import v2
 from base import BaseDataLoader
 from data_loader.synthetic import SyntheticShapes
 from utils import ConfigValueError, derive_seed
+from utils.util import is_number
 
 
 class NoisyShapesDataLoader(BaseDataLoader):
@@ -38,7 +39,7 @@ class NoisyShapesDataLoader(BaseDataLoader):
         for name, value in (("num_train", num_train), ("num_test", num_test)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigValueError(f"{name} must be a positive integer, got {value!r}")
-        if not (isinstance(noise_std, int | float) and noise_std > 0):
+        if not (is_number(noise_std) and noise_std > 0):
             raise ConfigValueError(f"noise_std must be a number > 0, got {noise_std!r}")
         self.sizes = {"train": num_train, "test": num_test}
         self.data_seed = data_seed

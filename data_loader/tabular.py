@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from base.base_data_loader import BaseDataLoader
 from utils.data.splits import holdout_split, split_digest
-from utils.util import ConfigValueError, DataError
+from utils.util import ConfigValueError, DataError, is_number
 
 # scikit-learn's bundled data sets (sklearn.datasets.load_<name>), and the task each is for.
 SKLEARN_SETS = {
@@ -130,8 +130,7 @@ class TabularDataLoader(BaseDataLoader):
             raise ConfigValueError(
                 f"sklearn must be one of {', '.join(SKLEARN_SETS)}, got {sklearn!r}"
             )
-        is_number = isinstance(test_split, int | float) and not isinstance(test_split, bool)
-        if not (is_number and 0 <= test_split < 1):
+        if not (is_number(test_split) and 0 <= test_split < 1):
             raise ConfigValueError(f"test_split must be a fraction in [0, 1), got {test_split!r}")
         self.csv, self.sklearn, self.target, self.task = csv, sklearn, target, task
         self.test_split = test_split

@@ -15,6 +15,7 @@ from torchvision.ops import batched_nms, generalized_box_iou_loss, sigmoid_focal
 
 from base import BaseModel
 from utils import ConfigValueError
+from utils.util import is_number
 
 STRIDE = 4  # pixels per cell of the feature map the heads read
 
@@ -148,11 +149,6 @@ class TinyDetector(BaseModel):
                  "labels": labels[kept]}
             )  # fmt: skip
         return detections
-
-
-def is_number(value: object) -> bool:
-    """An int or a float, not a bool (JSON's true would pass as 1)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def cell_centres(size: torch.Size, device: torch.device) -> torch.Tensor:

@@ -29,7 +29,7 @@ from base import StatefulMetric
 from model.class_metrics import F1, MeanIoU, PixelAccuracy, check_class_scores, describe
 from utils.distributed.process_group import gather_objects, is_distributed
 from utils.evaluation.metric_sums import sum_dtype
-from utils.util import ConfigValueError, DataError
+from utils.util import ConfigValueError, DataError, is_number
 
 __all__ = [
     "F1",
@@ -185,8 +185,7 @@ class MeanAveragePrecision:
     def __init__(self, iou_threshold: float | None = 0.5, backend: str = "pycocotools") -> None:
         # torchmetrics takes any value and pycocotools clips it: 50 (meant as mAP@50) would
         # count only boxes of IoU 1, a negative one every box.
-        is_number = isinstance(iou_threshold, int | float) and not isinstance(iou_threshold, bool)
-        if iou_threshold is not None and not (is_number and 0 < iou_threshold <= 1):
+        if iou_threshold is not None and not (is_number(iou_threshold) and 0 < iou_threshold <= 1):
             raise ConfigValueError(
                 "MeanAveragePrecision: iou_threshold must be a number in (0, 1] (0.5: mAP@0.5), "
                 f"or null for COCO's 0.5 to 0.95, got {iou_threshold!r}"

@@ -12,6 +12,7 @@ from model.sequence import GRUClassifier  # in __all__ too
 from model.torchvision_model import TorchvisionModel  # in __all__ too
 from model.unet import UNet  # in __all__ too
 from utils import ConfigValueError
+from utils.util import is_number
 
 __all__ = [
     "CifarCNN",
@@ -142,7 +143,7 @@ class TabularMLP(BaseModel):
                 f"num_classes must be at least 2 (a classifier), or null for a regression (one "
                 f"output), got {num_classes!r}"
             )
-        if not (isinstance(dropout, int | float) and 0 <= dropout < 1):
+        if not (is_number(dropout) and 0 <= dropout < 1):
             raise ConfigValueError(f"dropout must be a fraction in [0, 1), got {dropout!r}")
         self.in_features = in_features
         if num_classes is not None:

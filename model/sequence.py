@@ -10,6 +10,7 @@ from torch import nn
 
 from base import BaseModel
 from utils import ConfigValueError
+from utils.util import is_number
 
 PAD = 0  # the padding token the loader pads with
 
@@ -43,8 +44,7 @@ class GRUClassifier(BaseModel):
             if not (type(value) is int and value > 0):
                 raise ConfigValueError(f"{name} must be a positive integer, got {value!r}")
         # 1 would zero every feature the head reads (torch allows it).
-        is_number = isinstance(dropout, int | float) and not isinstance(dropout, bool)
-        if not (is_number and 0 <= dropout < 1):
+        if not (is_number(dropout) and 0 <= dropout < 1):
             raise ConfigValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
         self.vocab_size, self.num_classes = vocab_size, num_classes
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=PAD)

@@ -64,6 +64,12 @@ class SaveError(TrainingError):
     intact. Reported in one line, exit code 1."""
 
 
+def is_number(value: object) -> bool:
+    """An int or a float, not a bool (JSON's true would pass as 1): what a numeric config
+    argument is checked with before its range."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def describe_error(error: BaseException) -> str:
     """'TypeName: first line of the message', for one-line error reports."""
     lines = str(error).strip().splitlines()

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from utils.util import ConfigError
+from utils.util import ConfigError, is_number
 
 # data_loader.args.sampler: how each epoch draws the training data (BaseDataLoader).
 SAMPLERS = ("random", "sequential", "subset_random", "weighted")
@@ -23,10 +23,6 @@ Check = tuple[Callable[[Any], bool], str]
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def optional(check: Check) -> Check:
@@ -43,8 +39,8 @@ def choice(*choices: Any) -> Check:
 
 POSITIVE_INT: Check = (lambda v: _is_int(v) and v > 0, "a positive integer")
 NON_NEGATIVE_INT: Check = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
-POSITIVE_NUMBER: Check = (lambda v: _is_number(v) and v > 0, "a number > 0")
-NON_NEGATIVE_NUMBER: Check = (lambda v: _is_number(v) and v >= 0, "a number >= 0")
+POSITIVE_NUMBER: Check = (lambda v: is_number(v) and v > 0, "a number > 0")
+NON_NEGATIVE_NUMBER: Check = (lambda v: is_number(v) and v >= 0, "a number >= 0")
 BOOL: Check = (lambda v: isinstance(v, bool), "true or false")
 STRING: Check = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
 NAME: Check = (
@@ -94,7 +90,7 @@ SAMPLER: Check = (
 CLASS_WEIGHTS: Check = (
     lambda v: (
         isinstance(v, list)
-        and all(_is_number(item) and item >= 0 for item in v)
+        and all(is_number(item) and item >= 0 for item in v)
         and any(item > 0 for item in v)
     ),
     "a list of one number >= 0 per class, not all 0",
@@ -119,9 +115,9 @@ PARAM_GROUPS: Check = (
     'a list of {"params": ..., "lr": ...} objects',
 )
 # In (0, 1]: a probability that may be 1, a decay, a starting fraction.
-PROBABILITY: Check = (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
+PROBABILITY: Check = (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")
 # In [0, 1): a share of a whole that leaves something over (label smoothing, Lookahead's decay).
-SHARE: Check = (lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)")
+SHARE: Check = (lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)")
 PROFILE_WINDOW: Check = (
     lambda v: (
         isinstance(v, list) and len(v) == 3 and all(_is_int(n) and n >= 0 for n in v) and v[2] > 0
