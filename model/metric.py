@@ -100,8 +100,11 @@ class RMSE(StatefulMetric):
 
 
 class R2(StatefulMetric):
-    """Coefficient of determination over all values of the epoch, 1 - SSE / SST (scikit-learn's
-    r2_score for one output), output and target of one shape.
+    """Coefficient of determination over all values of the epoch: 1 - SSE / SST per output,
+    averaged over the outputs (scikit-learn's r2_score and torchmetrics' R2Score, their default
+    "uniform_average"), output and target of one shape (B, ...). Each of a sample's values is an
+    output: a regression's (B, 1) has one, (B, K) has K, which `num_outputs` gives (the sums are
+    kept per output). A constant target, and fewer than two samples, give nan.
 
     SST = sum y^2 - (sum y)^2 / n cancels when the targets' mean is large against their spread:
     at mean 1e4 and spread 1, float64 sums keep 8 of its digits, at 1e6 four. So each target is
@@ -113,34 +116,49 @@ class R2(StatefulMetric):
     on a device without float64 (MPS), as float32 sums allow.
     """
 
-    num_sums = 7  # SSE, n, the sums of high, low, high^2, high x low and low^2
+    def __init__(self, num_outputs: int = 1) -> None:
+        if not isinstance(num_outputs, int) or isinstance(num_outputs, bool) or num_outputs < 1:
+            raise ConfigValueError(f"num_outputs: must be an integer >= 1, got {num_outputs!r}")
+        self.num_outputs = num_outputs
+        # Per output its SSE, then n, then per output the sums of high, low, high^2, high x low
+        # and low^2 (for one output the order the 7 sums of mid-epoch checkpoints always had).
+        self.num_sums = 1 + 6 * num_outputs
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         check_same_shape(output, target, "R2")
+        num_outputs = math.prod(target.shape[1:])
+        if num_outputs != self.num_outputs:
+            raise DataError(
+                f"R2: a sample has {num_outputs} target values ({describe(target)}) but "
+                f'num_outputs is {self.num_outputs}: give R2 "args": {{"num_outputs": '
+                f"{num_outputs}}} (the mean of each output's R², as scikit-learn's r2_score)"
+            )
         dtype = sum_dtype(target.device)
-        output, target = output.to(dtype).reshape(-1), target.to(dtype).reshape(-1)
+        # (B, K): a column per output; B, not -1, for an empty batch
+        output = output.to(dtype).reshape(len(output), num_outputs)
+        target = target.to(dtype).reshape(len(target), num_outputs)
         high, low = split(target)
-        return torch.stack(
-            [
-                (output - target).square().sum(),
-                target.new_full((), target.numel()),
-                high.sum(),
-                low.sum(),
-                high.square().sum(),
-                (high * low).sum(),
-                low.square().sum(),
-            ]
-        )
+        squared_errors = (output - target).square().sum(dim=0)  # (K,)
+        parts = [high, low, high.square(), high * low, low.square()]
+        part_sums = torch.stack([part.sum(dim=0) for part in parts])  # (5, K)
+        count = target.new_full((1,), len(target))
+        return torch.cat([squared_errors, count, part_sums.reshape(-1)])
 
     def compute(self, sums: list[float]) -> float:
-        squared_errors, count, high, low, high_squares, products, low_squares = (
-            fractions.Fraction(value) for value in sums
-        )
-        if count == 0:
+        values = [fractions.Fraction(value) for value in sums]
+        num_outputs, count = self.num_outputs, values[self.num_outputs]
+        if count < 2:  # no spread to explain (scikit-learn's nan too)
             return float("nan")
-        total = high + low
-        spread = high_squares + 2 * products + low_squares - total * total / count  # SST
-        return float(1 - squared_errors / spread) if spread > 0 else float("nan")
+        parts = values[num_outputs + 1 :]
+        scores = []
+        for index, squared_errors in enumerate(values[:num_outputs]):
+            high, low, high_squares, products, low_squares = parts[index::num_outputs]
+            total = high + low
+            spread = high_squares + 2 * products + low_squares - total * total / count  # SST
+            if spread <= 0:  # a constant target
+                return float("nan")
+            scores.append(1 - squared_errors / spread)
+        return float(sum(scores) / num_outputs)
 
 
 def split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

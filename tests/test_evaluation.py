@@ -43,7 +43,7 @@ SHIPPED = {
     "top_5_acc": top_5_acc,
     "psnr": psnr,
     "RMSE": RMSE(),
-    "R2": R2(),
+    "R2": R2(num_outputs=75),  # the shape the tests below give every metric: (8, 3, 5, 5)
     "F1": F1(num_classes=4),
     "MeanIoU": MeanIoU(num_classes=4),
     "PixelAccuracy": PixelAccuracy(num_classes=4),
@@ -124,17 +124,20 @@ def test_regression_metrics_equal_scikit_learn_whatever_the_batches(num_examples
         target, output = target.to(dtypes[0]), output.to(dtypes[1])
         if not (target.isfinite().all() and output.isfinite().all()):
             return  # float16 holds no more than 65504
-        y, predicted = target.double().numpy().ravel(), output.double().numpy().ravel()
-        constant = y.min() == y.max()  # R² undefined: nan
+        # (B, K): each of a sample's values is an output, R² the mean of theirs
+        y = target.double().numpy().reshape(num_samples, -1)
+        predicted = output.double().numpy().reshape(num_samples, -1)
+        constant = num_samples < 2 or (y.min(axis=0) == y.max(axis=0)).any()  # R² undefined: nan
         expected = {
-            "RMSE": metrics.mean_squared_error(y, predicted) ** 0.5,
+            "RMSE": metrics.mean_squared_error(y.ravel(), predicted.ravel()) ** 0.5,
             "R2": float("nan") if constant else metrics.r2_score(y, predicted),
         }
+        built = {"RMSE": RMSE(), "R2": R2(num_outputs=y.shape[1])}
         split = data.draw(splits(num_samples))
         for name, reference in expected.items():
-            whole = value_over(SHIPPED[name], output, target)
+            whole = value_over(built[name], output, target)
             assert close(whole, reference), (name, whole, reference)
-            value = value_over(SHIPPED[name], output, target, split)
+            value = value_over(built[name], output, target, split)
             assert close(value, whole, 1e-12), (name, value, whole)
 
     check()
@@ -479,6 +482,28 @@ def test_r2_of_targets_with_a_large_mean_is_exact(mean, spread):
     expected = metrics.r2_score(target.double().numpy(), output.double().numpy())
     split = {"order": list(range(1000)), "cuts": list(range(64, 1000, 64)), "num_ranks": 1}
     assert abs(value_over(R2(), output, target, split) - expected) < 1e-12
+
+
+def test_r2_of_two_outputs_is_the_mean_of_their_r2():
+    """The reported case: R2 pooled every value of (B, 2) targets into one SSE and one SST: 0.9998
+    here where scikit-learn and torchmetrics give the mean of each output's R², 0.5."""
+    target = torch.tensor([[0.0, 100.0], [1.0, 101.0], [2.0, 102.0], [3.0, 103.0]])
+    output = target.clone()
+    output[:, 1] = 101.5  # the second output's mean: its R² is 0
+    split = {"order": [3, 1, 0, 2], "cuts": [1], "num_ranks": 2}
+    assert value_over(R2(num_outputs=2), output, target, split) == pytest.approx(0.5, abs=1e-12)
+
+
+def test_r2_refuses_a_number_of_outputs_other_than_its_own():
+    """One R² for all the values of (B, K) is neither reference's: num_outputs says K."""
+    sums = MetricSums({"R2": R2()}, torch.device("cpu"))
+    message = r'R2: a sample has 2 target values \(\(4, 2\) float32\) but num_outputs is 1: .*"num_outputs": 2'
+    with pytest.raises(DataError, match=message):
+        sums.add(
+            StepOutput(loss=torch.zeros(()), output=torch.zeros(4, 2), target=torch.zeros(4, 2))
+        )
+    with pytest.raises(ConfigValueError, match="num_outputs: must be an integer >= 1, got 0"):
+        R2(num_outputs=0)
 
 
 def test_accuracy_of_a_segmentation_counts_pixels():
