@@ -104,7 +104,9 @@ class R2(StatefulMetric):
     averaged over the outputs (scikit-learn's r2_score and torchmetrics' R2Score, their default
     "uniform_average"), output and target of one shape (B, ...). Each of a sample's values is an
     output: a regression's (B, 1) has one, (B, K) has K, which `num_outputs` gives (the sums are
-    kept per output). A constant target, and fewer than two samples, give nan.
+    kept per output). An output whose target is constant scores 1 if predicted exactly, else 0,
+    as scikit-learn's does (a tiny validation fold can be constant, and a monitored nan never
+    improves: no best checkpoint); fewer than two samples give nan.
 
     SST = sum y^2 - (sum y)^2 / n cancels when the targets' mean is large against their spread:
     at mean 1e4 and spread 1, float64 sums keep 8 of its digits, at 1e6 four. So each target is
@@ -155,9 +157,10 @@ class R2(StatefulMetric):
             high, low, high_squares, products, low_squares = parts[index::num_outputs]
             total = high + low
             spread = high_squares + 2 * products + low_squares - total * total / count  # SST
-            if spread <= 0:  # a constant target
-                return float("nan")
-            scores.append(1 - squared_errors / spread)
+            if spread > 0:
+                scores.append(1 - squared_errors / spread)
+            else:  # a constant target: 1 if hit exactly, else 0 (scikit-learn's force_finite)
+                scores.append(fractions.Fraction(squared_errors == 0))
         return float(sum(scores) / num_outputs)
 
 

@@ -127,10 +127,10 @@ def test_regression_metrics_equal_scikit_learn_whatever_the_batches(num_examples
         # (B, K): each of a sample's values is an output, R² the mean of theirs
         y = target.double().numpy().reshape(num_samples, -1)
         predicted = output.double().numpy().reshape(num_samples, -1)
-        constant = num_samples < 2 or (y.min(axis=0) == y.max(axis=0)).any()  # R² undefined: nan
         expected = {
             "RMSE": metrics.mean_squared_error(y.ravel(), predicted.ravel()) ** 0.5,
-            "R2": float("nan") if constant else metrics.r2_score(y, predicted),
+            # scikit-learn warns that R² of one sample is undefined, and gives nan
+            "R2": float("nan") if num_samples < 2 else metrics.r2_score(y, predicted),
         }
         built = {"RMSE": RMSE(), "R2": R2(num_outputs=y.shape[1])}
         split = data.draw(splits(num_samples))
@@ -492,6 +492,15 @@ def test_r2_of_two_outputs_is_the_mean_of_their_r2():
     output[:, 1] = 101.5  # the second output's mean: its R² is 0
     split = {"order": [3, 1, 0, 2], "cuts": [1], "num_ranks": 2}
     assert value_over(R2(num_outputs=2), output, target, split) == pytest.approx(0.5, abs=1e-12)
+
+
+def test_r2_of_a_constant_target_is_scikit_learns():
+    """A constant target (a tiny validation fold) gave nan, which a monitored "max val/R2" never
+    takes as best; scikit-learn gives 1 for exact predictions and 0 otherwise, per output."""
+    target = torch.tensor([[2.0, 0.0], [2.0, 1.0], [2.0, 2.0]])
+    exact = value_over(R2(num_outputs=2), target, target)
+    missed = value_over(R2(num_outputs=2), target + 0.25, target)
+    assert (exact, missed) == (1.0, pytest.approx((0 + 1 - 0.1875 / 2) / 2, abs=1e-12))
 
 
 def test_r2_refuses_a_number_of_outputs_other_than_its_own():
