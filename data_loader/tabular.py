@@ -26,6 +26,8 @@ SKLEARN_SETS = {
     "breast_cancer": "classification",
 }
 TASKS = ("regression", "classification")
+# Cell separators other than the comma that a "CSV" file may have been saved with.
+SEPARATORS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
 
 
 def read_csv(
@@ -52,6 +54,14 @@ def read_csv(
     if len(rows) < 2:
         raise DataError(f"{path}: a header row and at least one row of values are needed")
     header, body = rows[0], rows[1:]
+    # Excel, where the decimal mark is a comma, saves "CSV" with semicolons: one column, then.
+    one_cell = header[0] if len(header) == 1 else ""
+    separators = [name for mark, name in SEPARATORS.items() if mark in one_cell]
+    if separators:
+        raise DataError(
+            f"{path}: its cells are separated by {separators[0]}, not commas: save it as CSV with "
+            "commas between cells and points in numbers"
+        )
     lines = [end + 1 for end in ends[:-1]]  # each row starts after the one before it ends
     repeated = [name for name, count in Counter(header).items() if count > 1]
     if repeated:

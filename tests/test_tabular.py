@@ -264,6 +264,43 @@ def test_a_csv_file_not_in_utf_8_is_refused_in_one_line(tmp_path):
         TabularDataLoader.read_inputs(path, {}, ["b"])
 
 
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_a_csv_file_of_other_separators_is_refused_naming_them(tmp_path, num_examples):
+    """Excel where the decimal mark is a comma saves "CSV" with semicolons: the header read as one
+    column said "2 values, but the header has 1" for training, "no column named 'a', 'b', 'c'"
+    for predict.py; the error names the separator, for both."""
+
+    @settings(max_examples=num_examples)
+    @given(
+        separator=st.sampled_from([(";", "semicolons"), ("\t", "tabs"), ("|", "vertical bars")]),
+        num_rows=st.integers(1, 6),
+        decimal_comma=st.booleans(),
+    )
+    def check(separator, num_rows, decimal_comma):
+        mark, name = separator
+        rows = [[f"{value:.2f}" for value in row] for row in features(num_rows).tolist()]
+        rows = [[cell.replace(".", ",") if decimal_comma else cell for cell in row] for row in rows]
+        path = tmp_path / "table.csv"
+        lines = [["a", "b", "target"], *rows]
+        path.write_text("".join(mark.join(cells) + "\n" for cells in lines))
+        expected = f"{path}: its cells are separated by {name}, not commas: save it as CSV with "
+        with pytest.raises(DataError, match=re.escape(expected)):
+            TabularDataLoader(csv=str(path), batch_size=2, seed=0).table()
+        with pytest.raises(DataError, match=re.escape(expected)):
+            TabularDataLoader.read_inputs(path, {}, ["a", "b"])
+
+    check()
+
+
+def test_train_py_refuses_a_semicolon_separated_file_in_one_line(tmp_path):
+    table = tmp_path / "table.csv"
+    table.write_text("a;b;c;target\n1,5;2;3;4\n2;3;4;5\n")
+    result = run_main("train.py", "-c", str(csv_config(tmp_path, table)))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"{table}: its cells are separated by semicolons, not commas" in result.stderr
+    assert not (tmp_path / "saved").exists()
+
+
 @pytest.mark.parametrize("cell", ["nan", "NaN", "inf", "-Infinity"])
 @pytest.mark.parametrize("column", ["b", "target"])
 def test_a_missing_or_infinite_value_is_refused_with_its_line_and_column(tmp_path, cell, column):
