@@ -165,7 +165,8 @@ def predict_rows(
                 )
             else:
                 rows.append({"path": name, "values": output.reshape(-1).tolist()})
-                shown = "  ".join(f"{value:.6g}" for value in output.reshape(-1).tolist())
+                # In full: each float32's shortest decimal that reads back as it (not 6 digits)
+                shown = "  ".join(str(value) for value in output.reshape(-1).cpu().numpy())
             print(f"{name}  {shown}")
     if not rows:
         raise UserError(f"{', '.join(args.inputs)}: no rows to predict")

@@ -5,6 +5,7 @@ run and its resume (issue 31, items 3 to 5).
 The properties (hypothesis) check the loader and predict.py's reader on many tables; one plain
 run per item trains, predicts or resumes through the entry points, in-process (run_main)."""
 
+import argparse
 import csv
 import json
 import math
@@ -18,6 +19,7 @@ from conftest import NUM_EXAMPLES, ROOT, run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import predict
 from data_loader.tabular import TabularDataLoader
 from model.model import TabularMLP
 from utils.util import DataError
@@ -251,6 +253,48 @@ def test_a_csv_file_with_a_byte_order_mark_reads_as_one_without(tmp_path):
         _, inputs = TabularDataLoader.read_inputs(marked, {}, ["a", "b", "c"])
         _, plain_inputs = TabularDataLoader.read_inputs(plain, {}, ["a", "b", "c"])
         assert torch.equal(inputs, plain_inputs)
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_predict_prints_a_regression_s_values_in_full(capsys, num_examples):
+    """predict.py printed each value to 6 significant digits: a predicted 1234567 was
+    "1.23457e+06", 123456.78 "123457". Each printed value now reads back as the float32 output."""
+
+    @settings(max_examples=num_examples)
+    @given(
+        values=st.lists(
+            st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1,
+                     max_size=3).map(tuple), min_size=1, max_size=5
+        ).filter(lambda rows: len({len(row) for row in rows}) == 1),
+    )  # fmt: skip
+    def check(values):
+        outputs = torch.tensor(values, dtype=torch.float32)  # (N, K)
+        names = [f"rows.csv:{line}" for line in range(2, len(values) + 2)]
+        args = argparse.Namespace(batch_size=2, top_k=5, inputs=["rows.csv"], resume="m.pth")
+        model = {index: output for index, output in enumerate(outputs)}
+        read = [(names, torch.arange(len(values)))]  # each input is the index of its output
+
+        def forward(indices: torch.Tensor) -> torch.Tensor:
+            return torch.stack([model[int(index)] for index in indices])
+
+        capsys.readouterr()
+        predict.predict_rows(args, forward, {}, TabularDataLoader, read, None)
+        printed = [line.split("  ") for line in capsys.readouterr().out.splitlines()]
+        assert [row[0] for row in printed] == names
+        assert torch.equal(torch.tensor([[float(cell) for cell in row[1:]] for row in printed]),
+                           outputs)  # fmt: skip
+
+    check()
+
+
+def test_predict_prints_1234567_as_itself(capsys):
+    args = argparse.Namespace(batch_size=2, top_k=5, inputs=["rows.csv"], resume="m.pth")
+    read = [(["rows.csv:2", "rows.csv:3"], torch.zeros(2, 3))]
+    outputs = torch.tensor([[1234567.0], [123456.78]])
+    predict.predict_rows(args, lambda rows: outputs, {}, TabularDataLoader, read, None)
+    printed = [line.split("  ")[1] for line in capsys.readouterr().out.splitlines()]
+    # read back as float32, as the model gave them
+    assert torch.equal(torch.tensor([[float(value)] for value in printed]), outputs), printed
 
 
 def test_a_csv_file_not_in_utf_8_is_refused_in_one_line(tmp_path):
