@@ -1,7 +1,7 @@
 """Evaluate a checkpoint on the test (or validation) split.
 
 python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--weights ema]
-    [--json out.json] [--confusion-png matrix.png]
+    [--json out.json] [--confusion-png matrix.png] [--force]
 """
 
 import argparse
@@ -37,6 +37,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--confusion-png", metavar="PATH", help="classifiers: also draw the confusion matrix here"
     )
+    parser.add_argument(
+        "--force", action="store_true",
+        help="let --json and --confusion-png replace existing files (as predict.py's --force)",
+    )  # fmt: skip
     parser.add_argument(
         "--weights", choices=["auto", "trained", "ema"], default="auto",
         help="trained, ema (the averaged weights) or auto (the default): those the run's monitor "
@@ -87,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     """--json and --confusion-png as paths to write ({flag: path}), each checked; refused when
-    both name one file (the image would replace the report)."""
+    one exists without --force (an earlier report is not lost to a rerun), or when both name
+    one file (the image would replace the report)."""
     from utils import UserError
     from utils.evaluation.predictions import writable_file
 
@@ -95,6 +100,9 @@ def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     paths = {flag: writable_file(flag, text) for flag, text in named.items() if text}
     if len(paths) == 2 and os.path.realpath(args.json) == os.path.realpath(args.confusion_png):
         raise UserError(f"--json and --confusion-png: both name {args.json}")
+    for flag, path in paths.items():
+        if path.exists() and not args.force:  # writable_file refused a folder already
+            raise UserError(f"{flag} {path}: already exists; pass --force to replace it")
     return paths
 
 

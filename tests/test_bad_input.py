@@ -606,7 +606,34 @@ CASES = [
         "--json and --confusion-png: both name {tmp}/both.json",
         case_id="test-json-and-png-one-file",
     ),
+    case(  # as predict.py --out: an earlier report is not lost to a rerun
+        "test",
+        lambda env: ["-r", env.checkpoint, "--json", env.write("old.json", '{"kept": true}\n')],
+        "--json {tmp}/old.json: already exists; pass --force to replace it",
+        case_id="test-json-exists",
+    ),
+    case(
+        "test",
+        lambda env: [
+            *["-r", env.checkpoint, "--json", str(env.tmp / "new.json")],
+            *["--confusion-png", env.write("old.png", "not replaced\n")],
+        ],
+        "--confusion-png {tmp}/old.png: already exists; pass --force to replace it",
+        case_id="test-png-exists",
+    ),
 ]
+
+
+def test_test_py_force_replaces_an_existing_report(env, capsys):
+    report = Path(env.write("old.json", '{"kept": true}\n'))
+    image = Path(env.write("old.png", "old\n"))
+    argv = ["-r", env.checkpoint, "--json", str(report), "--confusion-png", str(image)]
+
+    code = ENTRY_POINTS["test"].main([*argv, "--force"])
+
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(report.read_text())["num_samples"] > 0
+    assert image.read_bytes().startswith(b"\x89PNG")
 
 
 def empty_classes(env: Env) -> str:
