@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported in main(), after parsing, so that --help answers at once
+    from collections.abc import Callable
+
     import torch
 
     from parse_config import ConfigParser
@@ -94,7 +96,14 @@ def run(config: "ConfigParser") -> None:
         barrier()
 
 
-def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -> None:
+def train(
+    config: "ConfigParser",
+    info: "ProcessInfo",
+    device: "torch.device",
+    finish: "Callable[[ConfigParser], dict | None] | None" = None,
+) -> dict | None:
+    """Train the run; then finish(config) on rank 0 (a cross-validation's fold result and
+    summary) and return what it returns (None on the other ranks, and without `finish`)."""
     import contextlib
 
     from build import build_trainer
@@ -123,6 +132,8 @@ def train(config: "ConfigParser", info: "ProcessInfo", device: "torch.device") -
         on_rank0(prepare_run_folder, config, point, locks)
         setup_logging(config.log_dir, verbosity=verbosity, rank=info.rank)
         trainer.fit()
+        # Still under the lock: no other start takes the folder while these files are written.
+        return finish(config) if finish is not None and info.is_main else None
 
 
 if __name__ == "__main__":

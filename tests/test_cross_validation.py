@@ -2,6 +2,7 @@
 checkpoint, resuming a fold, a single fold and the summary. All in-process (train.main, conftest's
 run_main): what is checked is what they write and print, not the process."""
 
+import fcntl
 import json
 import shutil
 import statistics
@@ -13,8 +14,9 @@ from conftest import ROOT, run_main, shrink
 
 import data_loader.data_loaders as data_module
 import train
+import utils.state.folds as folds_module
 from parse_config import ConfigParser
-from utils.state.folds import SUMMARY, summarize_folds, summary_lines
+from utils.state.folds import RESULT, SUMMARY, summarize_folds, summary_lines
 
 RUN = Path("models") / "Demo_CifarCNN"
 
@@ -137,3 +139,36 @@ def test_each_fold_has_its_folder_inside_the_run(make_config, tmp_path):
     assert fold.log_dir == tmp_path / "saved" / "log" / "Demo_CifarCNN" / "cv" / "fold-2"
     assert fold.config["data_loader"]["args"]["fold"] == 2
     assert parser.fold is None  # for_fold made a copy
+
+
+def is_locked(folder: Path) -> bool:
+    """folder/.lock is held by a process training there: an exclusive flock of our own, on a
+    new open file (flock is per open file, so this process's own hold counts too), fails."""
+    with open(folder / ".lock", "a") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(file, fcntl.LOCK_UN)
+        return False
+
+
+def test_fold_results_and_the_summary_are_written_while_the_folders_are_locked(
+    make_config, tmp_path, monkeypatch
+):
+    """Until a fold's result.json and the run's folds_summary.json are written, no other
+    process may take fold-<i>/ or the run folder (a second start would race those writes)."""
+    seen = {}
+    write = folds_module.write_text_atomic
+
+    def checked_write(path: Path, text: str) -> None:
+        seen[path.relative_to(tmp_path / "saved" / RUN / "cv")] = is_locked(path.parent)
+        write(path, text)
+
+    monkeypatch.setattr(folds_module, "write_text_atomic", checked_write)
+    config = make_config(**{"trainer.epochs": 1, "trainer.tensorboard": False})
+    assert train.main(["-c", str(config), "--folds", "2", "--run-id", "cv"]) == 0
+    expected = {Path("fold-0") / RESULT: True, Path("fold-1") / RESULT: True, Path(SUMMARY): True}
+    assert seen == expected
+    run_dir = tmp_path / "saved" / RUN / "cv"
+    assert not any(run_dir.rglob(".lock"))  # and the lock files went with the run

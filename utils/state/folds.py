@@ -112,19 +112,24 @@ def cross_validate(
     config: "ConfigParser",
     info: ProcessInfo,
     device: torch.device,
-    train: Callable[["ConfigParser", ProcessInfo, torch.device], None],
+    train: Callable[
+        ["ConfigParser", ProcessInfo, torch.device, Callable[["ConfigParser"], dict | None]],
+        dict | None,
+    ],
 ) -> dict | None:
     """train() fold data_loader.args.fold, or every fold in turn, each in the run's fold-<i>/;
     once every fold has finished, write folds_summary.json (rank 0). Returns the summary (None
-    on the other ranks, and while a fold has no result yet)."""
+    on the other ranks, and while a fold has no result yet).
+
+    train(fold config, info, device, finish) calls finish_fold on rank 0 while it still holds
+    the fold's lock: no other process takes the folders while the result is written."""
     if not config.run_id_given:
         # Every fold (and rank) writes into one run folder: name it before the first fold.
         config.run_id = default_run_id(config.run_id, broadcast_object)
     summary = None
     for fold in range(config.num_folds) if config.fold is None else [config.fold]:
         fold_config = config.for_fold(fold)
-        train(fold_config, info, device)
-        summary = finish_fold(fold_config) if info.is_main else None
+        summary = train(fold_config, info, device, finish_fold)
     if info.is_main and summary is None:
         logging.getLogger("train").info(
             "Fold %d finished; %s follows when every fold (0 to %d) has.",
