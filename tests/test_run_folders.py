@@ -352,3 +352,39 @@ def test_a_file_system_that_cannot_lock_trains_unlocked_with_a_warning(
     assert "cannot lock" in output and "a second start in this run folder is not noticed" in output
     run_dir = tmp_path / "saved" / "models" / RUN / "D"
     assert (run_dir / "checkpoint-epoch1.pth").is_file()
+    assert not (run_dir / ".lock").exists()  # no lock file that nothing held is left behind
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    reason=st.sampled_from(["ENOLCK", "EOPNOTSUPP", "EINVAL", "EBADF"]),
+    found=st.booleans(),
+    shared=st.booleans(),
+)
+def test_a_lock_that_cannot_be_taken_leaves_the_folder_as_it_was(
+    reason: str, found: bool, shared: bool
+):
+    """held() where flock fails (not because another process holds the lock): the folder
+    afterwards holds what it held before; a .lock found there (another client's, on a file
+    system that some mounts lock) is left as it was."""
+    import errno
+    import tempfile
+    from unittest import mock
+
+    import utils.state.run_lock as run_lock
+
+    def cannot_lock(file: object, operation: int) -> None:
+        code = getattr(errno, reason)
+        raise OSError(code, os.strerror(code))
+
+    with (
+        tempfile.TemporaryDirectory() as name,
+        mock.patch.object(run_lock.fcntl, "flock", cannot_lock),
+    ):
+        folder = Path(name)
+        if found:
+            (folder / ".lock").write_text("another client's\n")
+        before = {path.name: path.read_bytes() for path in folder.iterdir()}
+        with run_lock.held(folder, shared=shared):
+            pass
+        assert {path.name: path.read_bytes() for path in folder.iterdir()} == before

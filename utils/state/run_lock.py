@@ -3,7 +3,8 @@
 From prepare_run_folder until its run ends, rank 0 holds <run folder>/.lock (flock, which the OS
 lets go when the process dies however it dies: a restart after a crash, an elastic restart or
 auto_resume finds the folder free). A start that finds it held is refused in one line. The
-file goes when the run ends; one left by a killed run is taken over by the next.
+file goes when the run ends; one left by a killed run is taken over by the next. Where the
+file system cannot lock, the run goes on unlocked with a warning and makes no file.
 """
 
 import contextlib
@@ -55,6 +56,7 @@ def held(folder: Path, *, shared: bool) -> Iterator[None]:
 def lock(path: Path, *, shared: bool) -> IO | None:
     """The open lock file at `path`, locked; None where the file system cannot lock."""
     while True:
+        created = not path.exists()
         file = path.open("a")
         try:
             fcntl.flock(file, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -65,6 +67,8 @@ def lock(path: Path, *, shared: bool) -> IO | None:
                     f"{path.parent}: in use by another process (a run training there); wait "
                     "for it to end, or choose another --run-id"
                 ) from None
+            if created:  # held by nothing, it would outlive the run; one found is not ours
+                path.unlink(missing_ok=True)
             # E.g. Lustre mounted without flock: go on unlocked, as before there was a lock.
             logging.getLogger("train").warning(
                 "%s: cannot lock (%s): a second start in this run folder is not noticed.",
