@@ -142,7 +142,13 @@ def plan(args: argparse.Namespace) -> Sweep:
     )
     # Optuna's values come as it runs: check the ends of every range and every choice instead.
     for trial in trials or corner_trials(dimensions):
-        sweep.parser(trial, f"{args.config} with {describe_values(trial.values)}")
+        source = f"{args.config} with {describe_values(trial.values)}"
+        if sweep.parser(trial, source).fold is not None:
+            # One fold writes no folds_summary.json: the trial would finish with no value.
+            raise SweepError(
+                f"{source}: data_loader.args.fold: a sweep ranks a cross-validated trial by "
+                "the mean over all its folds; drop fold (keep data_loader.args.folds)"
+            )
     if args.trial is not None and not 0 <= args.trial < len(trials):
         raise SweepError(f"--trial {args.trial}: this sweep has trials 0 to {len(trials) - 1}")
     return sweep

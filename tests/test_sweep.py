@@ -117,6 +117,28 @@ BAD_SPECS = [
         ["--optuna", "2", "--choice", "trainer.save_period=[1,2]"],
         "trainer.save_period: --optuna saves every epoch",
     ),
+    # One fold of a cross-validation writes no mean over the folds: its trial had no value.
+    (
+        [
+            *["--set", "data_loader.args.folds=2", "--set", "data_loader.args.fold=0"],
+            *["--grid", "data_loader.args.fold=[0,1]"],
+        ],
+        "data_loader.args.fold: a sweep ranks a cross-validated trial by the mean over all",
+    ),
+    (
+        [
+            *["--set", "data_loader.args.folds=2", "--set", "data_loader.args.fold=1"],
+            *["--grid", "optimizer.args.lr=[0.01]"],
+        ],
+        "drop fold (keep data_loader.args.folds)",
+    ),
+    (
+        [
+            *["--set", "data_loader.args.folds=3", "--random", "2"],
+            *["--choice", "data_loader.args.fold=[null,2]", "--set", "data_loader.args.fold=null"],
+        ],
+        "with data_loader.args.fold=2: data_loader.args.fold: a sweep ranks",
+    ),
 ]
 
 
