@@ -3,7 +3,8 @@ median pruner stops a trial whose monitored metric falls behind the others' at t
 
 Each trial is still `python train.py ...` in a process of its own (see sweep_runner). The
 per-epoch values pruning needs are read from the trial's checkpoint-epoch<N>.pth files as they
-appear (the sweep sets trainer.save_period to 1): each is renamed into place complete and holds
+appear (the sweep sets trainer.save_period to 1; a cross-validated trial's from fold-0/, its
+first fold): each is renamed into place complete and holds
 its epoch's metrics, so no hook inside the training process is needed and what Optuna sees is
 exactly what the run saved. A pruned trial gets SIGTERM: train.py saves a checkpoint and exits.
 

@@ -192,7 +192,11 @@ def run_trials(
 
 
 def _watch_epochs(item: Running, on_epoch: Callable[[Trial, int, dict], bool]) -> None:
-    for epoch, metrics in epoch_metrics(item.run_dir, item.last_epoch):
+    # A cross-validated trial keeps its checkpoints in fold-<i>/, none in its run folder: fold
+    # 0 trains first, on the same split in every trial, so its epochs are the ones compared.
+    first_fold = item.run_dir / "fold-0"
+    folder = first_fold if first_fold.is_dir() else item.run_dir
+    for epoch, metrics in epoch_metrics(folder, item.last_epoch):
         item.last_epoch = epoch
         if on_epoch(item.trial, epoch, metrics):
             item.pruned = True
