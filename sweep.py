@@ -130,9 +130,12 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
     def finish(trial: "Trial", status: str, code: int, seconds: float) -> None:
         run_dir = sweep.run_dir(trial)
         value, epoch = best_value(run_dir, sweep.key)
+        # The record first: a sweep killed between the two leaves the trial running in the
+        # study, which the next run resumes and records again (the other way round, the study
+        # would hold it done and its missing record show it pending, unranked, for good).
+        write_record(folder, trial, status=status, code=code, run_dir=run_dir)
         if study is not None:
             study.finish(trial, status, value)
-        write_record(folder, trial, status=status, code=code, run_dir=run_dir)
         ended.append(status)
         if status == "failed":
             error = last_error(record_path(folder, trial, ".log"), starter.log_starts[trial.name])

@@ -618,3 +618,41 @@ def test_optuna_values_the_config_refuses_fail_that_trial_and_the_sweep_goes_on(
     again = run_main(*command)
     assert again.returncode == 0, again.stderr + again.stdout
     assert (folder / "sweep_summary.csv").is_file()
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_while_recording_a_trial_neither_loses_nor_fakes_it(
+    make_config, monkeypatch
+):
+    """Stopped between the two records of an ended trial (the study's and trials/*.json), in
+    whichever order they are written: the next run of the same command reports the trial as
+    finished and ranks it, never as pending (unranked for good) or done when it is not."""
+    optuna = pytest.importorskip("optuna")
+    import sweeps.optuna_search as optuna_search
+    import sweeps.results as results
+
+    config = make_config(**TINY)
+    command = ["-c", str(config), "--name", "k", "--optuna", "1"]
+    command += ["--log-uniform", "optimizer.args.lr=1e-3,1e-2"]
+    calls = []
+
+    def second_write_is_killed(write):
+        def wrapped(*args, **kwargs):
+            calls.append(write.__name__)
+            if len(calls) == 2:
+                raise KeyboardInterrupt  # as a kill here: the first write done, not the second
+            return write(*args, **kwargs)
+
+        return wrapped
+
+    with monkeypatch.context() as patches:
+        patches.setattr(results, "write_record", second_write_is_killed(results.write_record))
+        finish = optuna_search.OptunaTrials.finish
+        patches.setattr(optuna_search.OptunaTrials, "finish", second_write_is_killed(finish))
+        assert sweep.main(command) == 130
+    assert len(calls) == 2
+    assert sweep.main(command) == 0
+    folder = sweep_dir(config, "k")
+    assert_ranked_by_checkpoints(read_summary(folder), 1)
+    study = optuna.load_study(study_name="k", storage=f"sqlite:///{folder / 'optuna.db'}")
+    assert [trial.state.name for trial in study.trials] == ["COMPLETE"]
