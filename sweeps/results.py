@@ -15,6 +15,7 @@ import csv
 import fcntl
 import io
 import json
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +37,8 @@ def write_json(path: Path, value: Any) -> None:
 
 @contextlib.contextmanager
 def locked(path: Path, *, wait: bool) -> Iterator[None]:
-    """An exclusive lock on `path` while inside; without `wait`, a SweepError if it is held."""
+    """An exclusive lock on `path` while inside; without `wait`, a SweepError if it is held.
+    Where the file system cannot lock (ENOLCK: NFS or Lustre without locks), a warning."""
     with open(path, "a") as file:
         try:
             fcntl.flock(file, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -45,6 +47,11 @@ def locked(path: Path, *, wait: bool) -> Iterator[None]:
                 f"{path.parent}: another sweep.py is running this sweep; wait for it, or "
                 "stop it (it passes the stop on to its trials, which save a checkpoint)"
             ) from None
+        except OSError as error:  # as train.py's run lock: go on unlocked rather than stop
+            logging.getLogger("sweep").warning(
+                "%s: cannot lock (%s): a second sweep.py on this sweep is not noticed.",
+                path, error.strerror,
+            )  # fmt: skip
         yield  # the lock goes when the file is closed, also if this process dies
 
 

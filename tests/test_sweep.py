@@ -180,6 +180,27 @@ def test_another_space_under_the_same_name_is_refused(make_config, capsys):
     assert "started with another base config" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_sweep_lock_the_file_system_cannot_take_is_a_warning(tmp_path, monkeypatch, caplog, wait):
+    """flock fails with ENOLCK on NFS or Lustre without locks: the sweep goes on unlocked and
+    says so in one line, as train.py's run lock does, rather than stop with a traceback."""
+    import errno
+
+    import sweeps.results as results
+
+    def cannot_lock(file: object, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(results.fcntl, "flock", cannot_lock)
+    ran = []
+    with results.locked(tmp_path / ".lock", wait=wait):
+        ran.append(True)
+    assert ran == [True]
+    assert "cannot lock (No locks available): a second sweep.py on this sweep is not noticed" in (
+        caplog.text
+    )
+
+
 def test_the_summary_ranks_finished_trials_and_leaves_the_others_unranked(tmp_path):
     trials = [(Trial(index, {"seed": index}), tmp_path / f"run{index}") for index in range(4)]
     for (trial, run_dir), loss, status in zip(
