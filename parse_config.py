@@ -103,6 +103,11 @@ class ConfigParser:
             source = args.config
         elif run_dir is not None:
             source = str(run_dir / "config.json")
+            if not Path(source).is_file() and (run_dir / "fold-0").is_dir():  # not "not found"
+                raise ConfigError(
+                    f"{run_dir}: the run folder of a cross-validation; name one of its folds, "
+                    f"e.g. -r {run_dir / 'fold-0'}"
+                )
         elif resume is not None:
             # Resuming without -c: the run's own config, saved beside its checkpoints.
             source = str(resume.parent / "config.json")

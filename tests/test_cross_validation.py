@@ -117,6 +117,21 @@ def test_one_fold_alone_trains_only_that_fold(cross_validated, tmp_path, capsys)
     )
 
 
+@pytest.mark.parametrize("script", ["train.py", "test.py"])
+def test_the_run_folder_of_a_cross_validation_is_refused_naming_a_fold(
+    cross_validated, script, capsys
+):
+    """-r <run folder> of a cross-validation: it holds no config.json and no checkpoint of its
+    own, only fold-<i>/ folders; the error names one to give instead."""
+    run_dir = cross_validated["save_dir"] / RUN / "cv"
+    result = run_main(script, "-r", str(run_dir))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: {run_dir}: the run folder of a cross-validation; name one of its folds, e.g. "
+        f"-r {run_dir / 'fold-0'}\n"
+    )
+
+
 def test_summary_lines():
     summary = {
         "num_folds": 2,
