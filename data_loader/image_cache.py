@@ -18,7 +18,8 @@ from utils import describe_error
 from utils.state.checkpoint import save_checkpoint
 
 # Part of every fingerprint: a change to what the files hold (layout, dtype, resizing) bumps it.
-CACHE_VERSION = 2  # 2: 16-bit grey images scaled to 8 bits, no longer clipped
+# 2: 16-bit grey images scaled to 8 bits, no longer clipped; 3: turned upright by EXIF Orientation.
+CACHE_VERSION = 3
 
 
 def decode_split(

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 from torchvision import datasets
 from torchvision.transforms import v2
 
@@ -50,18 +50,48 @@ def visible_image(path: str) -> bool:
     return name[0] != "." and name.lower().endswith(datasets.folder.IMG_EXTENSIONS)
 
 
+def exif_orientation(image: Image.Image) -> int:
+    """The image's EXIF Orientation (1 to 8; 1, also when it has none: upright as stored), as PIL's
+    ImageOps.exif_transpose reads it."""
+    return image.getexif().get(ExifTags.Base.Orientation, 1)
+
+
 def load_image(path: str) -> Image.Image:
-    """An image file as 8-bit RGB (ImageFolder's loader), a file PIL cannot read reported as a
-    DataError naming it."""
+    """An image file as 8-bit RGB (ImageFolder's loader), upright as an image viewer shows it (its
+    EXIF Orientation applied), a file PIL cannot read reported as a DataError naming it."""
+    return read_image(path)[0]
+
+
+def read_image(path: str) -> tuple[Image.Image, int]:
+    """load_image's image, and the EXIF Orientation (1 to 8) it was turned by."""
     try:
         with open(path, "rb") as file:
-            return eight_bit(Image.open(file)).convert("RGB")
+            image = Image.open(file)
+            # A phone stores a portrait photo sideways and tags how to turn it for display.
+            orientation = exif_orientation(image)
+            ImageOps.exif_transpose(image, in_place=True)
+            return eight_bit(image).convert("RGB"), orientation
     # PIL reports a broken file as OSError (also UnidentifiedImageError, "image file is
     # truncated"), SyntaxError or ValueError, depending on the format and the damage.
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise DataError(
             f"{path}: unreadable image ({describe_error(error)}); replace or remove it"
         ) from None
+
+
+def read_mask(path: str | os.PathLike, orientation: int, *, image_path: str) -> np.ndarray:
+    """A mask file's pixels as stored (class indices, not converted), turned by its EXIF
+    Orientation, which must be its image's (`orientation`): a tag on one of the two alone leaves
+    unknown which way round the mask was drawn."""
+    with Image.open(path) as mask:
+        if exif_orientation(mask) != orientation:
+            raise DataError(
+                f"{image_path}: EXIF Orientation {orientation}, but {exif_orientation(mask)} in "
+                f"its mask {path}; save both the same way round (ImageOps.exif_transpose turns "
+                "one upright)"
+            )
+        ImageOps.exif_transpose(mask, in_place=True)
+        return np.asarray(mask)
 
 
 def eight_bit(image: Image.Image) -> Image.Image:

@@ -66,7 +66,7 @@ def test_decoding_on_the_gpu_leaves_memory_that_queued_kernels_read_alone(tmp_pa
         torch.cuda._sleep(20_000_000)  # a long kernel: what follows waits in the queue
         sums = [tensor.sum() for tensor in tensors]  # queued reads of the tensors
         del tensors  # freed while those reads are still queued
-        batches.decode(list(encoded), paths)
+        batches.decode(list(encoded), [1] * len(encoded), paths)
         torch.cuda.synchronize()
         corrupted += sum(int(total.item() != i * (1 << 20)) for i, total in enumerate(sums))
     assert corrupted == 0

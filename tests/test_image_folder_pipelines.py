@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import signal
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,9 @@ import torch
 from conftest import NUM_EXAMPLES, ROOT, shrink
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 from test_device_pipeline import all_batches
+from torchvision.transforms import v2
 
 import data_loader.image_cache
 import train
@@ -185,6 +187,54 @@ def test_decoding_on_the_device_matches_pil(tmp_path, preset):
     assert torch.equal(images[position], expected[position])
     # JPEG decoders may differ by a level or two: within 3 / 255 of the pixel range.
     torch.testing.assert_close(images, expected, atol=3 / 255 / 0.22, rtol=0)
+
+
+def save_photo(path: Path, pixels: np.ndarray, orientation: int) -> None:
+    """`pixels` (H, W, 3) as a JPEG tagged with EXIF `orientation`, as a phone saves a photo
+    (stored as the sensor saw it, with a tag saying how to turn it)."""
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = orientation
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, exif=exif)
+
+
+def as_viewed(path: Path) -> torch.Tensor:
+    """The file as an image viewer shows it, (3, H, W) uint8: PIL's exif_transpose."""
+    with Image.open(path) as image:
+        return v2.functional.pil_to_tensor(ImageOps.exif_transpose(image).convert("RGB"))
+
+
+@settings(max_examples=24, deadline=None)
+@given(
+    orientation=st.integers(1, 8),
+    height=st.integers(8, 40),
+    width=st.integers(8, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_every_decoder_shows_a_tagged_jpeg_as_an_image_viewer_does(
+    orientation, height, width, seed
+):
+    # A phone's portrait photo is stored sideways with EXIF Orientation 6: read as stored, a
+    # model trains and predicts on images turned 90 degrees from what the user looks at.
+    coarse = np.random.default_rng(seed).integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+    smooth = Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)
+    with tempfile.TemporaryDirectory() as folder:
+        root, path = Path(folder), Path(folder) / "train" / "a" / "photo.jpg"
+        save_photo(path, np.asarray(smooth), orientation)
+        expected = as_viewed(path)
+        # PIL, in the DataLoader's workers and in predict.py.
+        assert torch.equal(load_image_tensor(str(path)), expected)
+        # pipeline "device": the split decoded once, resized, into the cache.
+        args = {"batch_size": 1, "seed": 0, "preset": "cifar"}
+        cached = ImageFolderDataLoader(str(root), pipeline="device", **args)
+        images, _ = cached.uint8_split("train", 16)
+        assert torch.equal(images[0], v2.Resize((16, 16), antialias=True)(expected))
+        # decode "device": a worker reads the bytes and the tag, the device decodes and turns.
+        batches = ImageFolderDataLoader(str(root), decode="device", **args).train_loader()
+        data, _, _, tag = EncodedImages([(str(path), 0)], load_image_tensor)[0]
+        (decoded,) = batches.decode([data], [tag], [str(path)])
+        # torchvision's libjpeg and PIL's may differ by a level or two.
+        torch.testing.assert_close(decoded, expected, atol=3, rtol=0)
 
 
 def mirrored(data: ImageFolderDataLoader, epoch: int) -> set[int]:

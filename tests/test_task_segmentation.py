@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,9 +28,10 @@ from conftest import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 
 from data_loader.tasks.segmentation import (
+    MaskFolder,
     SegmentationDataLoader,
     image_transform,
     write_segmentation,
@@ -117,6 +119,46 @@ def test_upper_case_pngs_are_data_and_hidden_files_are_not(tmp_path):
     train = data.dataset("train")
     assert len(train) == 12
     assert all(train[index][0].size == (16, 16) for index in range(len(train)))
+
+
+def save_tagged(image: Image.Image, path: Path, orientation: int | None) -> None:
+    """`image` as a PNG tagged with EXIF `orientation` (None: no tag), as some tools write them."""
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[ExifTags.Base.Orientation] = orientation
+    image.save(path, exif=exif)
+
+
+@settings(max_examples=24, deadline=None)
+@given(orientation=st.integers(1, 8), height=st.integers(2, 12), width=st.integers(2, 12))
+def test_an_image_and_its_mask_turned_by_the_same_exif_tag_stay_aligned(orientation, height, width):
+    # The image is read upright, as a viewer shows it: its mask, turned the same way, must be too.
+    classes = np.arange(height * width, dtype=np.uint8).reshape(height, width) % 4
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        for kind in ("images", "masks"):
+            (root / kind).mkdir()
+        save_tagged(
+            Image.fromarray(classes * 60).convert("RGB"), root / "images/a.png", orientation
+        )
+        save_tagged(Image.fromarray(classes), root / "masks/a.png", orientation)
+        image, mask = MaskFolder(root)[0]
+        with Image.open(root / "images/a.png") as stored:
+            assert image.size == ImageOps.exif_transpose(stored).size
+        assert torch.equal(torch.from_numpy(np.asarray(image)[..., 0] // 60).long(), mask)
+
+
+def test_an_exif_tag_on_the_image_alone_is_refused_in_one_line(tmp_path):
+    # A square image turned by its tag and a mask read as stored: every pixel's class misplaced.
+    root = tiny_data(tmp_path / "data")
+    image_path = root / "train" / "images" / "00003.png"
+    save_tagged(Image.open(image_path), image_path, orientation=6)
+    data = SegmentationDataLoader(str(root), batch_size=4, seed=0)
+    with pytest.raises(DataError) as error:
+        data.dataset("train")[3]
+    message = str(error.value)
+    assert message.startswith(f"{image_path}: EXIF Orientation 6, but 1 in its mask ")
+    assert "\n" not in message
 
 
 # --- the hooks' defaults, as BaseDataLoader defines them ----------------------------------------

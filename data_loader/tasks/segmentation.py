@@ -21,7 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from base import BaseDataLoader
-from data_loader.image_loader import load_image
+from data_loader.image_loader import load_image, read_image, read_mask
 from utils import ConfigValueError
 from utils.evaluation.predictions import image_paths
 from utils.state.checkpoint import write_atomic
@@ -57,8 +57,8 @@ class MaskFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Image.Image, torch.Tensor]:
         image_path, mask_name = self.samples[index]
-        image = load_image(image_path)
-        mask = np.asarray(Image.open(self.root / mask_name))
+        image, orientation = read_image(image_path)  # upright, as an image viewer shows it
+        mask = read_mask(self.root / mask_name, orientation, image_path=image_path)
         if mask.ndim != 2 or mask.shape != (image.height, image.width):
             raise DataError(
                 f"{self.root / mask_name}: a mask must be one channel of the image's size "
