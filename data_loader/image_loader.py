@@ -97,12 +97,18 @@ def read_mask(path: str | os.PathLike, orientation: int, *, image_path: str) -> 
 def eight_bit(image: Image.Image) -> Image.Image:
     """A 16-bit grey image (mode "I;16...", or "I", read as 16-bit) scaled to 8 bits: PIL's own
     conversion to RGB clips its values at 255, which makes it nearly all white. Floating-point
-    pixels, whose range is not known, are refused."""
+    pixels, and 32-bit integers past 16 bits, whose range is not known, are refused."""
     if image.mode == "F":
         raise ValueError("floating-point pixels of unknown range; save it with 8 or 16 bits")
     if not image.mode.startswith("I"):
         return image
-    values = np.clip(np.asarray(image.convert("I")), 0, 65535)
+    values = np.asarray(image.convert("I"))  # (H, W) int32
+    # Clipped to 16 bits, a 32-bit image's brighter pixels would all read as white.
+    if values.size and (values.min() < 0 or values.max() > 65535):
+        raise ValueError(
+            f"32-bit integer pixels from {values.min()} to {values.max()}, past 16 bits "
+            "(0 to 65535); save it with 8 or 16 bits"
+        )
     return Image.fromarray(((values + 128) // 257).astype(np.uint8))
 
 

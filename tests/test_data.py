@@ -4,6 +4,7 @@ import json
 import os
 import random
 import re
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +26,7 @@ from data_loader.data_loaders import (
     ImageFolderDataLoader,
     SyntheticDataLoader,
 )
+from data_loader.image_loader import load_image
 from data_loader.synthetic import CLASS_NAMES, SyntheticShapes, generate
 from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD, cifar_transform
 from utils import derive_seed
@@ -639,6 +641,33 @@ def test_a_floating_point_image_is_refused_naming_it(tmp_path):
     Image.fromarray(np.random.default_rng(0).random((32, 32), dtype=np.float32)).save(path)
     data = image_folder(root, preset="cifar", sampler="sequential")
     with pytest.raises(DataError, match=f"^{re.escape(str(path))}: .*floating-point"):
+        all_batches(data.train_loader())
+
+
+@settings(max_examples=24, deadline=None)
+@given(low=st.integers(-(2**31), 2**17), span=st.integers(0, 2**17))
+def test_a_32_bit_integer_image_is_scaled_from_16_bits_or_refused_naming_it(low, span):
+    # Mode "I" (a 32-bit TIFF) past 65535 was clipped to 16 bits: its bright pixels all white.
+    pixels = np.linspace(low, min(low + span, 2**31 - 1), 64).astype(np.int32).reshape(8, 8)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "grey.tif"
+        Image.fromarray(pixels).save(path)
+        if pixels.min() < 0 or pixels.max() > 65535:
+            with pytest.raises(DataError) as error:
+                load_image(str(path))
+            assert re.match(f"{re.escape(str(path))}: .*32-bit integer pixels", str(error.value))
+            assert "\n" not in str(error.value)
+        else:
+            expected = ((pixels.astype(np.int64) + 128) // 257).astype(np.uint8)
+            assert np.array_equal(np.asarray(load_image(str(path)))[..., 0], expected)
+
+
+def test_a_32_bit_image_past_16_bits_is_refused_naming_it(tmp_path):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES})
+    path = root / "train" / "dog" / "deep.tif"
+    Image.fromarray(np.full((32, 32), 70000, dtype=np.int32)).save(path)
+    data = image_folder(root, preset="cifar", sampler="sequential")
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}: .*from 70000 to 70000, past"):
         all_batches(data.train_loader())
 
 
