@@ -15,12 +15,8 @@ from base.base_data_loader import BaseDataLoader, DataError  # noqa: F401
 from data_loader.device_decode import DeviceDecodedBatches, EncodedImages, collate_encoded
 from data_loader.device_pipeline import Normalise, stack_arrays
 from data_loader.image_cache import cache_path, decode_and_cache, load_cached
-from data_loader.image_loader import (
-    ImageDataLoader,
-    VisibleImageFolder,
-    load_image,
-    load_image_tensor,
-)
+from data_loader.image_files import VisibleImageFolder, load_image, load_image_tensor
+from data_loader.image_loader import ImageDataLoader
 from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import SyntheticShapes
 from data_loader.tabular import TabularDataLoader

@@ -21,7 +21,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from base.base_data_loader import DataError
 from data_loader.device_pipeline import Normalise
-from data_loader.image_loader import exif_orientation
+from data_loader.image_files import exif_orientation
 from utils import describe_error
 from utils.data.sampler import EpochSampler
 

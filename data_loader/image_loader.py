@@ -1,18 +1,13 @@
 """ImageDataLoader: what the image classification loaders share (a transform preset, its sizes
-and augmentation, and the choice of input pipeline), and load_image, their image reader."""
+and augmentation, and the choice of input pipeline). Their image files are read by
+data_loader/image_files.py."""
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import ExifTags, Image, ImageOps
-from torchvision import datasets
-from torchvision.transforms import v2
 
 from base import BaseDataLoader
-from base.base_data_loader import DataError
 from data_loader.device_pipeline import DeviceBatches, Normalise
 from data_loader.image_cache import decode_split
 from data_loader.transforms import (
@@ -22,99 +17,12 @@ from data_loader.transforms import (
     PADDING_MODES,
     preset_transform,
 )
-from utils import ConfigValueError, describe_error
+from utils import ConfigValueError
 from utils.data.sampler import EpochSampler, alternating_flips
 
 # data_loader.args.pipeline: per-sample transforms in DataLoader workers, or the split held on
 # the training device and augmented there a batch at a time (data_loader/device_pipeline.py).
 PIPELINES = ("dataloader", "device")
-
-
-class VisibleImageFolder(datasets.ImageFolder):
-    """ImageFolder without hidden entries: class folders and files whose names start with "."
-    (.ipynb_checkpoints, macOS's ._<name> beside each copied file: not images) are not data."""
-
-    def __init__(self, root: str | os.PathLike, **kwargs: Any) -> None:
-        super().__init__(root, is_valid_file=visible_image, **kwargs)
-
-    def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
-        classes = [name for name in super().find_classes(directory)[0] if name[0] != "."]
-        if not classes:
-            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
-        return classes, {name: index for index, name in enumerate(classes)}
-
-
-def visible_image(path: str) -> bool:
-    """An image file by its extension, as ImageFolder's are, and not a hidden file."""
-    name = os.path.basename(path)
-    return name[0] != "." and name.lower().endswith(datasets.folder.IMG_EXTENSIONS)
-
-
-def exif_orientation(image: Image.Image) -> int:
-    """The image's EXIF Orientation (1 to 8; 1, also when it has none: upright as stored), as PIL's
-    ImageOps.exif_transpose reads it."""
-    return image.getexif().get(ExifTags.Base.Orientation, 1)
-
-
-def load_image(path: str) -> Image.Image:
-    """An image file as 8-bit RGB (ImageFolder's loader), upright as an image viewer shows it (its
-    EXIF Orientation applied), a file PIL cannot read reported as a DataError naming it."""
-    return read_image(path)[0]
-
-
-def read_image(path: str) -> tuple[Image.Image, int]:
-    """load_image's image, and the EXIF Orientation (1 to 8) it was turned by."""
-    try:
-        with open(path, "rb") as file:
-            image = Image.open(file)
-            # A phone stores a portrait photo sideways and tags how to turn it for display.
-            orientation = exif_orientation(image)
-            ImageOps.exif_transpose(image, in_place=True)
-            return eight_bit(image).convert("RGB"), orientation
-    # PIL reports a broken file as OSError (also UnidentifiedImageError, "image file is
-    # truncated"), SyntaxError or ValueError, depending on the format and the damage.
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        raise DataError(
-            f"{path}: unreadable image ({describe_error(error)}); replace or remove it"
-        ) from None
-
-
-def read_mask(path: str | os.PathLike, orientation: int, *, image_path: str) -> np.ndarray:
-    """A mask file's pixels as stored (class indices, not converted), turned by its EXIF
-    Orientation, which must be its image's (`orientation`): a tag on one of the two alone leaves
-    unknown which way round the mask was drawn."""
-    with Image.open(path) as mask:
-        if exif_orientation(mask) != orientation:
-            raise DataError(
-                f"{image_path}: EXIF Orientation {orientation}, but {exif_orientation(mask)} in "
-                f"its mask {path}; save both the same way round (ImageOps.exif_transpose turns "
-                "one upright)"
-            )
-        ImageOps.exif_transpose(mask, in_place=True)
-        return np.asarray(mask)
-
-
-def eight_bit(image: Image.Image) -> Image.Image:
-    """A 16-bit grey image (mode "I;16...", or "I", read as 16-bit) scaled to 8 bits: PIL's own
-    conversion to RGB clips its values at 255, which makes it nearly all white. Floating-point
-    pixels, and 32-bit integers past 16 bits, whose range is not known, are refused."""
-    if image.mode == "F":
-        raise ValueError("floating-point pixels of unknown range; save it with 8 or 16 bits")
-    if not image.mode.startswith("I"):
-        return image
-    values = np.asarray(image.convert("I"))  # (H, W) int32
-    # Clipped to 16 bits, a 32-bit image's brighter pixels would all read as white.
-    if values.size and (values.min() < 0 or values.max() > 65535):
-        raise ValueError(
-            f"32-bit integer pixels from {values.min()} to {values.max()}, past 16 bits "
-            "(0 to 65535); save it with 8 or 16 bits"
-        )
-    return Image.fromarray(((values + 128) // 257).astype(np.uint8))
-
-
-def load_image_tensor(path: str) -> torch.Tensor:
-    """load_image's image as a (C, H, W) uint8 tensor."""
-    return v2.functional.pil_to_tensor(load_image(path))
 
 
 class ImageDataLoader(BaseDataLoader):

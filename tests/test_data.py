@@ -26,7 +26,7 @@ from data_loader.data_loaders import (
     ImageFolderDataLoader,
     SyntheticDataLoader,
 )
-from data_loader.image_loader import load_image
+from data_loader.image_files import load_image
 from data_loader.synthetic import CLASS_NAMES, SyntheticShapes, generate
 from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD, cifar_transform
 from utils import derive_seed

@@ -28,7 +28,7 @@ from base.base_trainer import BaseTrainer
 from build import build_trainer
 from data_loader.data_loaders import ImageFolderDataLoader
 from data_loader.device_decode import EncodedImages, erase_randomly
-from data_loader.image_loader import load_image_tensor
+from data_loader.image_files import load_image_tensor
 from parse_config import ConfigParser
 from utils import seed_everything
 from utils.data.sampler import alternating_flips

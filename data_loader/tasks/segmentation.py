@@ -21,7 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from base import BaseDataLoader
-from data_loader.image_loader import load_image, read_image, read_mask
+from data_loader.image_files import load_image, read_image, read_mask
 from utils import ConfigValueError
 from utils.evaluation.predictions import image_paths
 from utils.state.checkpoint import write_atomic
