@@ -2,7 +2,9 @@
 (VisibleImageFolder), and each file as 8-bit RGB, upright as an image viewer shows it
 (load_image), with a segmentation mask turned the same way (read_mask)."""
 
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ from torchvision.transforms import v2
 
 from base.base_data_loader import DataError
 from utils import describe_error
+from utils.util import IMAGE_EXTENSIONS, warn_unread_images
 
 
 class VisibleImageFolder(datasets.ImageFolder):
@@ -22,6 +25,31 @@ class VisibleImageFolder(datasets.ImageFolder):
     def __init__(self, root: str | os.PathLike, **kwargs: Any) -> None:
         super().__init__(root, is_valid_file=visible_image, **kwargs)
 
+    def make_dataset(  # ImageFolder's is a staticmethod; called on the instance all the same
+        self,
+        directory: str | os.PathLike,
+        class_to_idx: dict[str, int],
+        extensions: tuple[str, ...] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        """ImageFolder's (path, class) samples, and a warning counting the image files of a
+        format not read (.heic...), which are left out, as the files that are not images are."""
+        left_out: list[str] = []
+
+        def valid(path: str) -> bool:
+            if visible_image(path):
+                return True
+            left_out.append(path)
+            return False
+
+        try:
+            return super().make_dataset(
+                directory, class_to_idx, is_valid_file=valid, allow_empty=allow_empty
+            )
+        finally:  # also before ImageFolder's error for a class folder that holds none it reads
+            warn_unread_images(directory, left_out, logging.getLogger("data"))
+
     def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
         classes = [name for name in super().find_classes(directory)[0] if name[0] != "."]
         if not classes:
@@ -30,9 +58,9 @@ class VisibleImageFolder(datasets.ImageFolder):
 
 
 def visible_image(path: str) -> bool:
-    """An image file by its extension, as ImageFolder's are, and not a hidden file."""
+    """An image file by its extension (ImageFolder's, and .jfif), and not a hidden file."""
     name = os.path.basename(path)
-    return name[0] != "." and name.lower().endswith(datasets.folder.IMG_EXTENSIONS)
+    return name[0] != "." and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
 def exif_orientation(image: Image.Image) -> int:

@@ -6,6 +6,7 @@ import random
 import re
 import tempfile
 import time
+import unittest
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -586,6 +587,52 @@ def test_hidden_files_and_folders_are_not_data(tmp_path, path):
     assert (
         sorted(train_labels.tolist()) == sorted(val_labels.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     )
+
+
+# Extensions a folder of photos may hold: read (JPEGs under other names too), and not read.
+READ = [".jpg", ".JPEG", ".jfif", ".JFIF", ".jpe", ".png", ".webp"]
+UNREAD = [".heic", ".HEIC", ".heif", ".avif", ".gif"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    read=st.lists(st.sampled_from(READ), min_size=1, max_size=6),
+    unread=st.lists(st.sampled_from(UNREAD), max_size=4),
+    path=st.sampled_from(sorted(FOLDER_PATHS)),
+)
+def test_every_image_file_is_a_sample_or_counted_in_a_warning(read, unread, path):
+    # A folder of .jfif files gave no sample and .heic ones were dropped without a word: fewer
+    # samples than the user has. Files that are not images, and hidden ones, are not counted.
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        (root / "train" / "cat").mkdir(parents=True)
+        pixels = np.random.default_rng(0).integers(0, 256, size=(40, 40, 3), dtype=np.uint8)
+        for index, suffix in enumerate(read):
+            Image.fromarray(pixels).save(root / "train" / "cat" / f"{index}{suffix}")
+        for index, suffix in enumerate([*unread, ".txt"]):
+            (root / "train" / "cat" / f"other{index}{suffix}").write_bytes(b"not read")
+        (root / "train" / "cat" / "._photo.heic").write_bytes(b"\0\5\x16\7")
+        preset = "cifar" if path == "pipeline" else "imagenet"
+        data = image_folder(root, preset=preset, image_size=32, **FOLDER_PATHS[path])
+        case = unittest.TestCase()
+        if unread:
+            with case.assertLogs("data", "WARNING") as captured:
+                images, _ = all_batches(data.eval_loader("train"))
+            (message,) = captured.output
+            assert f"{root / 'train'}: left out {len(unread)} image files" in message
+        else:
+            with case.assertNoLogs("data", "WARNING"):
+                images, _ = all_batches(data.eval_loader("train"))
+        assert len(images) == len(read)
+
+
+def test_a_class_folder_of_photos_in_an_unread_format_is_named_with_them(tmp_path, caplog):
+    root = make_image_folder(tmp_path / "images", {"train": CLASSES})
+    for image in (root / "train" / "dog").iterdir():
+        image.rename(image.with_suffix(".heic"))
+    with pytest.raises(DataError, match="no valid file for the classes dog"):
+        image_folder(root).train_loader()
+    assert "left out 3 image files of a format not read (3 .heic)" in caplog.text
 
 
 def test_image_folder_val_classes_must_match_train(tmp_path):

@@ -20,6 +20,7 @@ from PIL import Image
 
 import predict
 from data_loader.synthetic import SyntheticShapes
+from utils.evaluation.predictions import image_paths
 
 CLASSES = list(SyntheticShapes.classes)
 
@@ -59,6 +60,15 @@ def test_the_transform_from_the_config_alone_is_the_loaders(tmp_path, preset):
 
 def test_checkpoints_carry_the_class_names(demo_checkpoint):
     assert torch.load(demo_checkpoint, weights_only=True)["class_names"] == CLASSES
+
+
+def test_a_folders_jfif_photos_are_read_and_heic_ones_counted_in_a_warning(tmp_path, caplog):
+    # .jfif and .jpe are JPEGs: they were left out of a folder without a word, as .heic ones.
+    read = write_images(tmp_path, ["a.jfif", "b.JPE", "c.png"])
+    (tmp_path / "d.heic").write_bytes(b"a phone photo PIL does not read")
+    (tmp_path / "notes.txt").write_text("not an image")
+    assert image_paths([str(tmp_path)]) == read
+    assert f"{tmp_path}: left out 1 image files of a format not read (1 .heic)" in caplog.text
 
 
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests

@@ -121,6 +121,19 @@ def test_upper_case_pngs_are_data_and_hidden_files_are_not(tmp_path):
     assert all(train[index][0].size == (16, 16) for index in range(len(train)))
 
 
+def test_an_image_that_is_not_a_png_is_counted_in_a_warning(tmp_path, caplog):
+    # A JPEG among the PNG images has no sample: said, not silent; a text file is no image.
+    root = tiny_data(tmp_path / "data")
+    image = root / "train" / "images" / "00000.png"
+    Image.open(image).save(image.with_suffix(".jpg"))
+    image.unlink()
+    (root / "train" / "images" / "notes.txt").write_text("not an image")
+    data = SegmentationDataLoader(str(root), batch_size=4, seed=0)
+    assert len(data.dataset("train")) == 11
+    warning = f"{root / 'train' / 'images'}: left out 1 image files of a format not read (1 .jpg)"
+    assert warning in caplog.text and "convert them to .png" in caplog.text
+
+
 def save_tagged(image: Image.Image, path: Path, orientation: int | None) -> None:
     """`image` as a PNG tagged with EXIF `orientation` (None: no tag), as some tools write them."""
     exif = Image.Exif()

@@ -1,9 +1,12 @@
-"""Errors, seeding, RNG state and torch's global settings."""
+"""Errors, seeding, RNG state, torch's global settings and which files are images."""
 
 import gc
+import logging
 import os
 import random
 import signal
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +71,42 @@ def is_number(value: object) -> bool:
     """An int or a float, not a bool (JSON's true would pass as 1): what a numeric config
     argument is checked with before its range."""
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# The image files the loaders and predict.py read, by extension (any case): torchvision's
+# ImageFolder's, and .jfif and .jpe, JPEGs under other names (Windows saves web images as .jfif).
+IMAGE_EXTENSIONS = tuple(
+    [".jpg", ".jpeg", ".jfif", ".jpe", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"]
+)
+# Image formats they do not read: a folder of phone photos (.heic) would otherwise give fewer
+# samples than it holds without a word. Other files (.txt, .json) are not images: not counted.
+UNREAD_IMAGE_EXTENSIONS = (".heic", ".heif", ".avif", ".gif", ".jxl", ".jp2", ".dng", ".svg")
+
+
+def warn_unread_images(
+    folder: str | os.PathLike,
+    paths: Iterable[str | os.PathLike],
+    logger: logging.Logger,
+    read: tuple[str, ...] = IMAGE_EXTENSIONS,
+) -> None:
+    """Warn once for `folder` of the image files among `paths` (hidden ones aside) whose format,
+    by extension, is not among `read`: left out, counted by extension."""
+    counts = Counter(
+        Path(path).suffix.lower()
+        for path in paths
+        if not Path(path).name.startswith(".")
+        and Path(path).suffix.lower() in (*IMAGE_EXTENSIONS, *UNREAD_IMAGE_EXTENSIONS)
+        and Path(path).suffix.lower() not in read
+    )
+    if counts:
+        found = ", ".join(f"{count} {suffix}" for suffix, count in sorted(counts.items()))
+        logger.warning(
+            "%s: left out %d image files of a format not read (%s); convert them to %s to use them",
+            folder,
+            counts.total(),
+            found,
+            " or ".join(read) if len(read) < 3 else "JPEG or PNG",
+        )
 
 
 def describe_error(error: BaseException) -> str:

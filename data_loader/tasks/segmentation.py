@@ -9,6 +9,7 @@ for split in train, val, test. Named in configs as data_loader.type "Segmentatio
 
 import functools
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,7 +26,7 @@ from data_loader.image_files import load_image, read_image, read_mask
 from utils import ConfigValueError
 from utils.evaluation.predictions import image_paths
 from utils.state.checkpoint import write_atomic
-from utils.util import DataError
+from utils.util import DataError, warn_unread_images
 
 # The pixel statistics of write_segmentation's images, roughly: inputs near N(0, 1).
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -38,7 +39,9 @@ class MaskFolder(Dataset):
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        pngs = [path for path in (root / "images").glob("*") if path.suffix.lower() == ".png"]
+        files = list((root / "images").glob("*"))
+        warn_unread_images(root / "images", files, logging.getLogger("data"), read=(".png",))
+        pngs = [path for path in files if path.suffix.lower() == ".png"]
         images = sorted(path for path in pngs if not path.name.startswith("."))
         if not images:
             raise DataError(

@@ -6,11 +6,12 @@ import csv
 import glob
 import io
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
-from utils.util import UserError
+from utils.util import IMAGE_EXTENSIONS, UserError, warn_unread_images
 
 
 def writable_file(flag: str, text: str) -> Path:
@@ -102,8 +103,6 @@ def file_id(path: Path) -> tuple[int, int]:
 def image_paths(inputs: list[str]) -> list[Path]:
     """The files INPUTs name, sorted by path: files as given, folders searched recursively for
     image files (by extension; hidden ones left out), globs expanded (recursively with **)."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
     found: set[Path] = set()
     for text in inputs:
         if os.path.lexists(text):
@@ -116,15 +115,16 @@ def image_paths(inputs: list[str]) -> list[Path]:
         files = [path for path in named if not path.is_dir()]
         for folder in (path for path in named if path.is_dir()):
             # Not hidden ones (macOS's ._<name> beside each copied file, .ipynb_checkpoints/).
-            files += [
+            visible = [
                 path
                 for path in folder.rglob("*")
-                if path.suffix.lower() in IMG_EXTENSIONS
-                and path.is_file()
+                if path.is_file()
                 and not any(part[0] == "." for part in path.relative_to(folder).parts)
             ]
+            warn_unread_images(folder, visible, logging.getLogger("predict"))
+            files += [path for path in visible if path.suffix.lower() in IMAGE_EXTENSIONS]
         if not files:
-            raise UserError(f"{text}: no image files ({', '.join(IMG_EXTENSIONS)}) in it")
+            raise UserError(f"{text}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in it")
         found.update(files)
     # By path components, as ImageFolder orders its samples (class folder, then file name).
     return sorted(found, key=lambda path: path.parts)
