@@ -95,16 +95,19 @@ def read_image(path: str) -> tuple[Image.Image, int]:
 def read_mask(path: str | os.PathLike, orientation: int, *, image_path: str) -> np.ndarray:
     """A mask file's pixels as stored (class indices, not converted), turned by its EXIF
     Orientation, which must be its image's (`orientation`): a tag on one of the two alone leaves
-    unknown which way round the mask was drawn."""
-    with Image.open(path) as mask:
-        if exif_orientation(mask) != orientation:
-            raise DataError(
-                f"{image_path}: EXIF Orientation {orientation}, but {exif_orientation(mask)} in "
-                f"its mask {path}; save both the same way round (ImageOps.exif_transpose turns "
-                "one upright)"
-            )
-        ImageOps.exif_transpose(mask, in_place=True)
-        return np.asarray(mask)
+    unknown which way round the mask was drawn. A file PIL cannot read is a DataError naming it."""
+    try:
+        with Image.open(path) as mask:
+            if exif_orientation(mask) != orientation:
+                raise DataError(
+                    f"{image_path}: EXIF Orientation {orientation}, but {exif_orientation(mask)} "
+                    f"in its mask {path}; save both the same way round (ImageOps.exif_transpose "
+                    "turns one upright)"
+                )
+            ImageOps.exif_transpose(mask, in_place=True)
+            return np.asarray(mask)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:  # as above
+        raise DataError(f"{path}: unreadable mask ({describe_error(error)}); replace it") from None
 
 
 def eight_bit(image: Image.Image) -> Image.Image:

@@ -134,6 +134,20 @@ def test_an_image_that_is_not_a_png_is_counted_in_a_warning(tmp_path, caplog):
     assert warning in caplog.text and "convert them to .png" in caplog.text
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("damage", ["truncated", "not an image"])
+def test_an_unreadable_mask_is_a_data_error_naming_it(tmp_path, num_workers, damage):
+    # PIL's UnidentifiedImageError or "image file is truncated" came out as a traceback.
+    root = tiny_data(tmp_path / "data")
+    broken = root / "train" / "masks" / "00001.png"
+    broken.write_bytes(broken.read_bytes()[:60] if damage == "truncated" else b"GIF89a")
+    data = SegmentationDataLoader(str(root), batch_size=4, seed=0, num_workers=num_workers)
+    with pytest.raises(DataError) as error:
+        list(data.train_loader())
+    message = str(error.value)  # one line, also from a worker process
+    assert message.startswith(f"{broken}: unreadable mask (") and "\n" not in message
+
+
 def save_tagged(image: Image.Image, path: Path, orientation: int | None) -> None:
     """`image` as a PNG tagged with EXIF `orientation` (None: no tag), as some tools write them."""
     exif = Image.Exif()
