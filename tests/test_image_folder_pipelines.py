@@ -344,6 +344,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @needs_cuda
 def test_on_a_gpu_jpegs_decode_close_to_pil(tmp_path):
     root = write_images(tmp_path / "images", {"train": ".jpg", "val": ".jpg"})
+    # A phone photo's tag: nvJPEG ignores it; the loader turns the image as PIL does.
+    tagged = root / "val" / "a" / "0.jpg"
+    save_photo(tagged, np.asarray(Image.open(tagged)), orientation=6)
     args = {"batch_size": 4, "seed": 0, "preset": "imagenet", "image_size": 32}
     expected, expected_labels = all_batches(ImageFolderDataLoader(str(root), **args).val_loader())
     data = ImageFolderDataLoader(str(root), decode="device", device="cuda", **args)
