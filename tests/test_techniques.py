@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from conftest import ROOT, assert_stopped_run_resumes_bit_exact, run_main, run_script, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from torchvision.transforms import v2
 
@@ -477,3 +479,34 @@ def test_top_k_keeps_the_best_epochs_and_says_which_left():
     assert monitor.top == [(0.9, 5), (0.7, 2)]  # epoch 6 tied with epoch 2, which stays
     restored = Monitor("max", "val/accuracy", early_stop=0, top_k=2)
     assert restored.load_state_dict(monitor.state_dict()) and restored.top == monitor.top
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    mode=st.sampled_from(["min", "max"]),
+    top_k=st.integers(1, 4),
+    values=st.lists(st.sampled_from([0.1, 0.5, 0.9, math.nan]), min_size=1, max_size=8),
+)
+def test_top_k_are_the_best_numbers_whatever_nan_came_between(
+    mode: str, top_k: int, values: list[float]
+) -> None:
+    """The epochs kept (and the checkpoints on disk: every epoch that entered and never left)
+    are the top_k best numbers, earliest first on ties; a nan epoch only fills a free place."""
+    monitor = Monitor(mode, "val/f1", early_stop=0, top_k=top_k)
+    on_disk: set[int] = set()
+    for epoch, value in enumerate(values, start=1):
+        entered, dropped = monitor.rank_top_k({"val/f1": value}, epoch)
+        on_disk = (on_disk | ({epoch} if entered else set())) - set(dropped)
+    numbers = [(value, epoch) for epoch, value in enumerate(values, start=1) if value == value]
+    numbers.sort(key=lambda item: item[0], reverse=mode == "max")  # stable: ties stay in order
+    nans = [epoch for epoch, value in enumerate(values, start=1) if value != value]
+    expected = ([epoch for _, epoch in numbers] + nans)[:top_k]
+    assert [epoch for _, epoch in monitor.top] == expected
+    assert on_disk == set(expected)
+
+
+def test_a_nan_epoch_does_not_push_out_a_kept_one():
+    monitor = Monitor("max", "val/f1", early_stop=0, top_k=2)
+    ranked = [monitor.rank_top_k({"val/f1": v}, e) for e, v in enumerate([math.nan, 0.5, 0.7], 1)]
+    assert ranked == [(True, []), (True, []), (True, [1])]  # before: epoch 2 (0.5) was dropped
+    assert monitor.top == [(0.7, 3), (0.5, 2)]

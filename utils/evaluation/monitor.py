@@ -9,7 +9,8 @@ class Monitor:
 
     update() returns True when the epoch improved on the best so far; should_stop is True
     after `early_stop` epochs in a row without improvement (0 or None: never). rank_top_k()
-    keeps the `top_k` best epochs (trainer.save_top_k).
+    keeps the `top_k` best epochs (trainer.save_top_k). A nan value never improves and ranks
+    below every number.
     """
 
     def __init__(self, mode: str, key: str, early_stop: int | None, top_k: int = 0) -> None:
@@ -28,9 +29,16 @@ class Monitor:
         if self.mode == "off" or self.top_k == 0:
             return False, []
         sign = 1 if self.mode == "min" else -1
-        # Sorted by (signed value, epoch): ties keep the earlier epoch first.
+        # Sorted by (nan, signed value, epoch): ties keep the earlier epoch first, and a nan
+        # (say F1 of an epoch without a class) ranks below every number; compared as a number
+        # it would sort anywhere and push a good epoch's checkpoint out.
         ranked = sorted(
-            [*self.top, (metrics[self.key], epoch)], key=lambda item: (sign * item[0], item[1])
+            [*self.top, (metrics[self.key], epoch)],
+            key=lambda item: (
+                math.isnan(item[0]),
+                0 if math.isnan(item[0]) else sign * item[0],
+                item[1],
+            ),
         )
         self.top, dropped = ranked[: self.top_k], ranked[self.top_k :]
         dropped_epochs = [dropped_epoch for _, dropped_epoch in dropped]
