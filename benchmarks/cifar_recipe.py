@@ -138,8 +138,10 @@ def run_python(arguments: list[str]) -> int:
 
 
 def evaluate(checkpoint: Path, split: str, results: Path, overrides: list[str]) -> float:
-    """test.py's accuracy of `checkpoint` on `split`, its results kept at `results`."""
-    arguments = ["test.py", "-r", str(checkpoint), "--split", split, "--json", str(results)]
+    """test.py's accuracy of `checkpoint` on `split`, its results kept at `results` (this
+    benchmark's own file: replaced, as by a rerun with the same --out)."""
+    arguments = ["test.py", "-r", str(checkpoint), "--split", split]
+    arguments += ["--json", str(results), "--force"]
     code = run_python([*arguments, *overrides])
     if code != 0:
         raise StepFailed(code)

@@ -200,7 +200,7 @@ def test_test_py_leaves_the_datas_ignore_index_out_of_the_confusion_matrix(
     assert ENTRY_POINTS["test"].main(evaluate) == 0
     left_out = json.loads(report.read_text())["confusion_matrix"]
     monkeypatch.setattr(data_module.SyntheticDataLoader, "ignore_index", None)
-    assert ENTRY_POINTS["test"].main(evaluate) == 0
+    assert ENTRY_POINTS["test"].main([*evaluate, "--force"]) == 0
     whole = json.loads(report.read_text())["confusion_matrix"]
     assert sum(whole[0]) > 0  # the split has samples of class 0
     assert left_out == [[0] * 10, *whole[1:]]
