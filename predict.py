@@ -140,7 +140,12 @@ def predict_rows(
 
     rows: list[dict] = []
     flat = hasattr(loader_class, "prediction_rows")
-    for names, inputs in read:
+    # The model's own check (BaseModel.check_inputs), as test.py makes it: one line for a token
+    # outside a GRU's vocabulary, not an IndexError from its forward pass.
+    check = getattr(model, "check_inputs", None)
+    for path, (names, inputs) in zip(args.inputs, read, strict=True):
+        if check is not None:
+            check(inputs, path)
         if flat:
             inputs = list(inputs)
             rows += hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)

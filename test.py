@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
     from PIL import Image
 
     from base.base_data_loader import BaseDataLoader
@@ -183,7 +184,9 @@ def evaluate_checkpoint(
         else None
     )
     observe = confusion.add if confusion is not None else None
-    metrics = trainer.evaluate(trainer.data.eval_loader(split), split, observe=observe)
+    loader = trainer.data.eval_loader(split)  # a split the data lacks is refused here
+    check_inputs(trainer.model, trainer.data, split)
+    metrics = trainer.evaluate(loader, split, observe=observe)
     num_samples = int(metrics.pop(f"{split}/num_samples"))
     if num_samples == 0:  # else a nan loss and exit 0 (e.g. a table with test_split 0)
         raise UserError(f"{path}: --split {split}: the data has no samples in that split")
@@ -219,6 +222,18 @@ def evaluate_checkpoint(
         shown = ["n/a" if scores[key] is None else f"{scores[key]:.4f}" for key in SCORES]
         logger.info("  accuracy of %-10s %s  precision %s  F1 %s", name, *shown)
     return results, draw_confusion_matrix(counts, class_names), state["global_step"]
+
+
+def check_inputs(model: "torch.nn.Module", data: "BaseDataLoader", split: str) -> None:
+    """The model's own check (BaseModel.check_inputs) of the inputs of `split`, as it sees them:
+    one line for a token outside a GRU's vocabulary, not an IndexError from its forward pass."""
+    check = getattr(model, "check_inputs", None)  # a torchvision model has none
+    if check is None:
+        return
+    source = data.validation_source() if split == "val" else None
+    name, indices = source or (split, range(len(data.dataset(split))))
+    view = data.view(name, augment=False)
+    check((view[int(index)][0] for index in indices), data.location(name))
 
 
 def breakdown_table(metrics: dict[str, float]) -> list[str]:

@@ -1,7 +1,8 @@
 """Base class for every model in model/."""
 
 import abc
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +33,12 @@ class BaseModel(nn.Module, abc.ABC):
         the data, from the training split only (data.training_samples(): the untransformed
         pairs, never validation or test data), into buffers, which checkpoints keep. E.g. the
         statistics TabularMLP standardises its inputs and targets with."""
+
+    def check_inputs(self, inputs: Iterable[Any], where: str) -> None:
+        """Refuse, in one line naming `where`, inputs the model has no way to take (a token its
+        embedding has no row for), before a forward pass fails deep inside it: test.py passes
+        its split's inputs, predict.py those of each file it reads. Lazily: a model that checks
+        nothing (this default) reads none."""
 
     def blocks(self) -> list[nn.Module]:
         """The repeated submodules, in order: FSDP (distributed.strategy "fsdp") shards each on

@@ -3,6 +3,7 @@
 Padding (token 0, data_loader/tasks/sequences.py) is told apart by its value, so the model takes
 one tensor, tokens (B, T), as every other model here does, and exports with T dynamic."""
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 from base import BaseModel
 from utils import ConfigValueError
-from utils.util import is_number
+from utils.util import DataError, is_number
 
 PAD = 0  # the padding token the loader pads with
 
@@ -60,8 +61,9 @@ class GRUClassifier(BaseModel):
 
     def fit_data(self, data: Any) -> None:
         """Refuse, before training, tokens the embedding has no row for (else an IndexError from
-        inside it, or a device-side assert on a GPU). The loader's vocab_size, when set, checks
-        every file it reads (naming file and line), so it must not exceed the model's."""
+        inside it, or a device-side assert on a GPU), in the files training reads. The loader's
+        vocab_size, when set, checks every file it reads (naming file and line), so it must not
+        exceed the model's."""
         data_vocab_size = getattr(data, "vocab_size", None)
         if data_vocab_size is not None and data_vocab_size > self.vocab_size:
             raise ConfigValueError(
@@ -69,12 +71,20 @@ class GRUClassifier(BaseModel):
                 f"{data_vocab_size}: the embedding has no row for tokens {self.vocab_size} to "
                 f"{data_vocab_size - 1}; set arch.args.vocab_size to {data_vocab_size}"
             )
-        largest = max(int(tokens.max()) for tokens, _ in data.training_samples())
+        for split in ("train", "val"):  # the validation data, carved from train or its own
+            if split in data.splits:
+                tokens = (tokens for tokens, _ in data.dataset(split))
+                self.check_inputs(tokens, data.location(split))
+
+    def check_inputs(self, inputs: Iterable[torch.Tensor], where: str) -> None:
+        """Refuse token sequences (each (T,), or the rows of (N, T)) holding a token the embedding
+        has no row for, naming `where` and the largest: train.py (fit_data), test.py and
+        predict.py call it before any forward pass, where it would be an IndexError."""
+        largest = max((int(tokens.max()) for tokens in inputs), default=PAD)
         if largest >= self.vocab_size:
-            raise ConfigValueError(
-                f"arch.args.vocab_size is {self.vocab_size}, but the training data has token "
-                f"{largest}: set it (and data_loader.args.vocab_size, which checks every file) "
-                f"to {largest + 1}"
+            raise DataError(
+                f"{where}: token {largest} is outside the vocabulary of arch.args.vocab_size "
+                f"{self.vocab_size} (the model's embedding: tokens 1 to {self.vocab_size - 1})"
             )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -128,8 +128,8 @@ def test_a_bad_line_is_one_error_naming_it(tmp_path, line, message):
 @pytest.mark.parametrize(
     ("data_vocab_size", "message"),
     [
-        (None, "arch.args.vocab_size is 32, but the training data has token 63: set it (and "
-         "data_loader.args.vocab_size, which checks every file) to 64"),
+        (None, "{data}/train.jsonl: token 63 is outside the vocabulary of arch.args.vocab_size "
+         "32 (the model's embedding: tokens 1 to 31)"),
         (64, "arch.args.vocab_size is 32, but data_loader.args.vocab_size is 64: the embedding "
          "has no row for tokens 32 to 63; set arch.args.vocab_size to 64"),
     ],
@@ -138,6 +138,7 @@ def test_tokens_outside_the_models_vocabulary_are_one_line(tmp_path, data_vocab_
     """Data of 64 tokens for the model's 32, the loader's vocab_size left out or set to the
     data's: refused before anything is written (it was the embedding's IndexError traceback,
     'index out of range in self', or a device-side assert on a GPU)."""
+    message = message.format(data=tmp_path / "data")
     write_sequences(tmp_path / "data", sizes=TINY, vocab_size=64)
     overrides = {
         "data_loader.args.data_dir": str(tmp_path / "data"),
@@ -150,6 +151,76 @@ def test_tokens_outside_the_models_vocabulary_are_one_line(tmp_path, data_vocab_
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == f"error: {message}"
     assert not (tmp_path / "saved").exists()
+
+
+def test_check_inputs_refuses_exactly_what_the_embedding_cannot_take():
+    """GRUClassifier.check_inputs (what train.py, test.py and predict.py call) refuses a batch
+    if and only if the model's forward pass would fail on it with the embedding's IndexError,
+    and names the largest token."""
+    model = GRUClassifier(vocab_size=12, num_classes=2, embedding_dim=4, hidden_size=4).eval()
+
+    @settings(max_examples=30, deadline=None)
+    @given(st.lists(st.lists(st.integers(1, 15), min_size=1, max_size=8), min_size=1, max_size=5))
+    def check(sequences):
+        batch = pad_batch([(torch.tensor(sequence), 0) for sequence in sequences])[0]  # (B, T)
+        largest = max(max(sequence) for sequence in sequences)
+        try:
+            with torch.no_grad():
+                model(batch)
+            fails = False
+        except IndexError:
+            fails = True
+        assert fails == (largest >= 12)
+        if not fails:
+            model.check_inputs(batch, "new.jsonl")
+            return
+        with pytest.raises(DataError, match=rf"^new\.jsonl: token {largest} is outside"):
+            model.check_inputs(batch, "new.jsonl")
+
+    check()
+
+
+def test_train_py_refuses_a_validation_token_outside_the_models_vocabulary(tmp_path):
+    """Without data_loader.args.vocab_size, train.py checked the training share alone: token 40
+    in val.jsonl was the embedding's IndexError at the first validation, an epoch in."""
+    config = sequence_config(tmp_path, **{"data_loader.args.vocab_size": None})
+    with (tmp_path / "data" / "val.jsonl").open("a") as file:
+        file.write('{"tokens": [3, 40, 5], "label": "a"}\n')
+    result = run_main("train.py", "-c", str(config))
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"error: {tmp_path / 'data' / 'val.jsonl'}: token 40 is outside the vocabulary of "
+        "arch.args.vocab_size 32 (the model's embedding: tokens 1 to 31)\n",
+    )
+    assert not (tmp_path / "saved").exists()
+
+
+def test_test_and_predict_refuse_a_token_outside_the_models_vocabulary(tmp_path):
+    """A run without data_loader.args.vocab_size (the model's 32 checked the training files),
+    then a test file and a file to predict holding token 40: both were the embedding's
+    IndexError traceback from inside the model; now the one line train.py gives, exit 2."""
+    config = sequence_config(tmp_path, **{"trainer.epochs": 1, "data_loader.args.vocab_size": None})
+    assert run_main("train.py", "-c", str(config), "--run-id", "x").returncode == 0
+    checkpoint = tmp_path / "saved" / RUN / "x" / "checkpoint-epoch1.pth"
+    bad_line = '{"tokens": [3, 40, 5], "label": "a"}\n'
+    with (tmp_path / "data" / "test.jsonl").open("a") as file:
+        file.write(bad_line)
+    (tmp_path / "new.jsonl").write_text('{"tokens": [4, 2]}\n' + bad_line)
+    report, out = tmp_path / "report.json", tmp_path / "rows.json"
+    tested = run_main("test.py", "-r", str(checkpoint), "--json", str(report))
+    predicted = run_main(
+        "predict.py", "-r", str(checkpoint), str(tmp_path / "new.jsonl"), "--out", str(out)
+    )
+    refusal = "token 40 is outside the vocabulary of arch.args.vocab_size 32 (the model's embedding: tokens 1 to 31)"
+    assert (tested.returncode, tested.stderr) == (
+        2,
+        f"error: {tmp_path / 'data' / 'test.jsonl'}: {refusal}\n",
+    )
+    assert (predicted.returncode, predicted.stderr) == (
+        2,
+        f"error: {tmp_path / 'new.jsonl'}: {refusal}\n",
+    )
+    assert predicted.stdout == "" and not report.exists() and not out.exists()
 
 
 @pytest.mark.parametrize("dropout", [1.5, -0.1, 1, "0.1"])
