@@ -13,6 +13,7 @@ import csv
 import importlib.util
 import io
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -165,6 +166,53 @@ def test_images_of_several_sizes_in_a_split_are_refused_in_one_line(tmp_path):
         "00003.png 48 x 40); a batch stacks them: give every image of a split one size"
     )
     loader(tmp_path).dataset("test")  # the other split is of one size
+
+
+def read_rows(path: Path) -> list[list[str]]:
+    """The rows of a boxes.csv, its header first."""
+    return list(csv.reader(path.open(newline="")))
+
+
+def write_rows(path: Path, rows: list[list[str]]) -> None:
+    with path.open("w", newline="") as file:
+        csv.writer(file).writerows(rows)
+
+
+def test_the_fingerprint_changes_with_any_box_and_only_then(data_dir, tmp_path):
+    """An edited boxes.csv (a corner moved, a label changed, a box added or removed) changes the
+    fingerprint of the split that holds the image, and only of it; re-sorting the rows of
+    different images does not. It was the file names alone: a resume went on, without a word,
+    on boxes other than the checkpoint's."""
+    shutil.copytree(data_dir, tmp_path / "data")
+    path = tmp_path / "data" / "train" / "boxes.csv"
+    header, *rows = read_rows(path)
+    data = loader(tmp_path / "data", validation_split=0.25)
+    before = data.fingerprint()
+    validation_images = {data.dataset("train").paths[i].name for i in data.split_indices()[1]}
+
+    @settings(max_examples=30, deadline=None)
+    @given(st.integers(0, len(rows) - 1), st.sampled_from(["corner", "label", "drop", "add"]))
+    def check(index, edit):
+        edited = [list(row) for row in rows]
+        row = edited[index]
+        if edit == "corner":  # x2 one pixel in (every box here is wider than one pixel)
+            row[4] = str(int(row[4]) - 1)
+        elif edit == "label":
+            row[1] = {"disk": "square", "square": "triangle", "triangle": "disk"}[row[1]]
+        elif edit == "drop":
+            del edited[index]
+        else:
+            edited.insert(index, list(row))
+        write_rows(path, [header, *edited])
+        after = loader(tmp_path / "data", validation_split=0.25).fingerprint()
+        changed = "val" if row[0] in validation_images else "train"
+        kept = {"train": "val", "val": "train"}[changed]
+        assert after[changed] != before[changed] and after[kept] == before[kept]
+
+    check()
+    # The rows of different images in another order: the same boxes.
+    write_rows(path, [header, *sorted(rows, key=lambda row: row[0], reverse=True)])
+    assert loader(tmp_path / "data", validation_split=0.25).fingerprint() == before
 
 
 def test_missing_files_are_refused_in_one_line(tmp_path):
@@ -501,6 +549,28 @@ def test_a_stop_inside_an_epoch_resumes_bit_exact(data_dir, tmp_path, stop_at_de
     config = tiny_config(tmp_path, data_dir, **{"trainer.type": "DetectionStopAt"})
     # 6 batches an epoch: stopped 2 into epoch 2.
     assert_stopped_run_resumes_bit_exact(config, tmp_path / RUNS, stop_at_step=8)
+
+
+@needs_map
+def test_a_resume_on_edited_boxes_is_refused_unless_allowed(data_dir, tmp_path):
+    """Every box of the training images one pixel narrower after epoch 1: the resume, and
+    test.py --split val, refuse it in one line (they went on, the file names being the same);
+    --allow-data-change goes on, saying so."""
+    shutil.copytree(data_dir, tmp_path / "data")
+    config = tiny_config(tmp_path, tmp_path / "data", **{"trainer.epochs": 1})
+    assert run_main("train.py", "-c", str(config), "--run-id", "r").returncode == 0
+    path = tmp_path / "data" / "train" / "boxes.csv"
+    header, *rows = read_rows(path)
+    write_rows(path, [header, *([*row[:4], str(int(row[4]) - 1), row[5]] for row in rows)])
+    run_dir = tmp_path / RUNS / "r"
+    change = "training split: other samples (43); validation split: other samples (5)"
+    result = run_main("train.py", "-r", str(run_dir), "--epochs", "2")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"the data changed since this checkpoint ({change}); resume on" in result.stderr
+    validated = run_main("test.py", "-r", str(run_dir / "checkpoint-epoch1.pth"), "--split", "val")
+    assert validated.returncode == 2 and "validation split: other samples (5)" in validated.stderr
+    resumed = run_main("train.py", "-r", str(run_dir), "--epochs", "2", "--allow-data-change")
+    assert resumed.returncode == 0 and "The data changed since" in resumed.stdout + resumed.stderr
 
 
 @needs_map

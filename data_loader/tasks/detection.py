@@ -13,6 +13,7 @@ A sample is (image float (3, H, W) in [0, 1], {"boxes": float32 (N, 4) xyxy, "la
 """
 
 import csv
+import hashlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -216,8 +217,14 @@ class DetectionDataLoader(BaseDataLoader):
         return str(self.data_dir / split)
 
     def sample_ids(self, split: str) -> list[str]:
-        """The image file names: a resume checks it continues on the same images."""
-        return [path.name for path in self.dataset(split).paths]
+        """Each image's file name and a digest of its boxes and labels: a resume (and test.py
+        --split val) refuses a split whose images or boxes.csv changed since its checkpoint, as
+        an image folder's is refused for a file moved to another class (pixels are not read)."""
+        dataset, ids = self.dataset(split), []
+        for path, target in zip(dataset.paths, dataset.targets, strict=True):
+            boxes = target["boxes"].numpy().tobytes() + target["labels"].numpy().tobytes()
+            ids.append(f"{path.name}\0{hashlib.blake2b(boxes, digest_size=8).hexdigest()}")
+        return ids
 
     def transform(self, augment: bool) -> Callable:
         # Not augmented: a flip or crop would have to move the boxes too.
