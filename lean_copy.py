@@ -65,7 +65,7 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("docs/data.md", " See\n[Worked example: detection](extending.md#worked-example-detection).", ""),
     ("docs/predict-export.md", " The sequence example (`SequenceDataLoader`, [the worked\nexample](extending.md#worked-example-sequences)) prints:", " A GRU over token sequences prints:"),
     ("docs/predict-export.md", ";\n  `SequenceDataLoader`'s random tokens `(B, 16)` without padding, so that any cut along the\n  length is still a batch of sequences. Its `read_inputs` reads a JSONL file (a `\"tokens\"` list\n  per line; a `\"label\"` is ignored), names each sequence `path:line` and pads them with 0.", "."),
-    ("docs/predict-export.md", " net, as\n`SegmentationDataLoader`'s does)", " net)"),
+    ("docs/predict-export.md", " net, as\n`SegmentationDataLoader`'s and `DetectionDataLoader`'s do)", " net)"),
     ("docs/outputs.md", " (of each step's loss: a detector's is per batch, [extending.md](extending.md#worked-example-detection))", ""),
     ("docs/predict-export.md", " `SegmentationDataLoader`'s writes each", " A segmentation's loader can write each"),
     ("model/loss.py", " (a detector's,\n    model/detector.py)", " (a detector's)"),

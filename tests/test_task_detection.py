@@ -574,6 +574,37 @@ def test_a_resume_on_edited_boxes_is_refused_unless_allowed(data_dir, tmp_path):
 
 
 @needs_map
+def test_predict_py_takes_a_folder_of_several_image_sizes(data_dir, tmp_path):
+    """The detector is fully convolutional: a folder of 64 x 64, 48 x 40 and 72 x 56 images
+    gives each image the rows it gets alone (it was refused: "images of several sizes; predict
+    one size at a time"). Its 5 best boxes per image, whatever their scores."""
+    overrides = {"trainer.epochs": 1, "arch.args.score_threshold": 0, "arch.args.max_detections": 5}
+    config = tiny_config(tmp_path, data_dir, **overrides)
+    assert run_main("train.py", "-c", str(config), "--run-id", "r").returncode == 0
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for index, size in enumerate([None, None, (48, 40), (48, 40), (72, 56), None]):
+        with Image.open(data_dir / "test" / "images" / f"{index:05d}.png") as image:
+            (image.resize(size) if size else image).save(folder / f"{index}.png")
+    checkpoint = str(tmp_path / RUNS / "r" / "checkpoint-epoch1.pth")
+
+    def predicted(*inputs: Path) -> list[dict]:
+        out = tmp_path / "rows.json"
+        result = run_main(
+            "predict.py", "-r", checkpoint, *map(str, inputs), "--out", str(out), "--force"
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        return json.loads(out.read_text())
+
+    together = predicted(folder)
+    alone = [row for path in sorted(folder.iterdir()) for row in predicted(path)]
+    assert [row["path"] for row in together] == [row["path"] for row in alone]
+    assert len(together) == 6 * 5 and all("score" in row for row in together)
+    for row, expected in zip(together, alone, strict=True):
+        assert row == pytest.approx(expected, abs=0.011)  # rounded to 2 decimals
+
+
+@needs_map
 def test_predict_py_writes_the_boxes_of_each_image_as_json_and_csv(tiny_run, data_dir, tmp_path):
     """predict.py through the loader's read_inputs and prediction_rows: a row per box (or the
     path alone), the same rows in JSON and CSV, every test image accounted for."""

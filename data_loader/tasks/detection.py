@@ -240,9 +240,10 @@ class DetectionDataLoader(BaseDataLoader):
     @classmethod
     def read_inputs(
         cls, path: Path, args: dict, feature_names: list[str] | None
-    ) -> tuple[list[str], torch.Tensor]:
+    ) -> tuple[list[str], list[torch.Tensor]]:
         """predict.py: the PNG or JPEG image `path`, or those of folder `path`, as the model reads
-        them: (their paths, images float (N, 3, H, W) in [0, 1]), all of one size."""
+        them: (their paths, images float (3, H, W) in [0, 1]) of any sizes, as the detector is
+        fully convolutional (predict.py batches the runs of one size)."""
         paths = [path]
         if path.is_dir():
             paths = sorted(item for item in path.iterdir() if item.suffix.lower() in IMAGE_SUFFIXES)
@@ -253,9 +254,7 @@ class DetectionDataLoader(BaseDataLoader):
         for image_path in paths:
             with Image.open(image_path) as image:
                 images.append(transform(image.convert("RGB")))
-        if len({image.shape for image in images}) > 1:
-            raise DataError(f"{path}: images of several sizes; predict one size at a time")
-        return [str(image_path) for image_path in paths], torch.stack(images)
+        return [str(image_path) for image_path in paths], images
 
     @classmethod
     def example_inputs(cls, args: dict, model: torch.nn.Module, batch_size: int) -> torch.Tensor:
