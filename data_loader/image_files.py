@@ -5,6 +5,7 @@
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,3 +132,27 @@ def eight_bit(image: Image.Image) -> Image.Image:
 def load_image_tensor(path: str) -> torch.Tensor:
     """load_image's image as a (C, H, W) uint8 tensor."""
     return v2.functional.pil_to_tensor(load_image(path))
+
+
+def one_size(
+    folder: Path, paths: list[Path], other_way: str = "", *, upright: bool = False
+) -> tuple[int, int]:
+    """The (width, height) of every image of a split; several sizes are refused, naming two (and
+    `other_way` out): a batch stacks them (else an error at the first batch that mixes them,
+    maybe an epoch in). Reads the headers alone; `upright`: the sizes after the EXIF Orientation
+    (load_image's), else as stored (detection's images)."""
+    sizes: dict[tuple[int, int], str] = {}  # (width, height): the first image of that size
+    for path in paths:
+        with Image.open(path) as image:
+            width, height = image.size
+            if upright and exif_orientation(image) >= 5:  # a quarter turn: the sides swap
+                width, height = height, width
+        sizes.setdefault((width, height), path.name)
+    if len(sizes) > 1:
+        (first, name), (other, other_name) = list(sizes.items())[:2]
+        raise DataError(
+            f"{folder}: images of several sizes ({name} is {first[0]} x {first[1]}, "
+            f"{other_name} {other[0]} x {other[1]}); a batch stacks them: give every image "
+            f"of a split one size{other_way}"
+        )
+    return next(iter(sizes))

@@ -175,6 +175,21 @@ def test_an_image_and_its_mask_turned_by_the_same_exif_tag_stay_aligned(orientat
         assert torch.equal(torch.from_numpy(np.asarray(image)[..., 0] // 60).long(), mask)
 
 
+def test_a_split_is_one_size_as_its_images_are_read_upright(tmp_path):
+    # A 16 x 24 photo stored as 24 x 16 with a quarter-turn tag is read 16 x 24, as the others:
+    # the size check at load time compares the sizes read, not those stored (which refused it).
+    root = write_segmentation(tmp_path / "data", sizes={"train": 4}, image_size=16)
+    images = np.zeros((16, 24, 3), np.uint8)  # stored (H, W) = (16, 24); upright 24 x 16
+    for name in ("00000.png", "00001.png", "00002.png", "00003.png"):
+        pair = (images, root / "train/images" / name), (images[..., 0], root / "train/masks" / name)
+        for pixels, path in pair:
+            save_tagged(Image.fromarray(pixels), path, orientation=6 if name == "00000.png" else 1)
+        images = np.zeros((24, 16, 3), np.uint8)  # the others stored upright, H 24, W 16
+    data = SegmentationDataLoader(str(root), batch_size=4, seed=0)
+    (batch, masks), *_ = data.train_loader()
+    assert batch.shape == (4, 3, 24, 16) and masks.shape == (4, 24, 16)
+
+
 def test_an_exif_tag_on_the_image_alone_is_refused_in_one_line(tmp_path):
     # A square image turned by its tag and a mask read as stored: every pixel's class misplaced.
     root = tiny_data(tmp_path / "data")
@@ -417,18 +432,25 @@ def test_void_pixels_train_with_the_datas_ignore_index_and_a_metric_that_counts_
     assert reported["val/PixelAccuracy"] == pytest.approx(right / labelled, abs=1e-9)
 
 
-def test_images_of_several_sizes_in_a_batch_are_refused_in_one_line(tmp_path):
-    """Training stacks a batch's images: one of another size is named, not a torch.stack
-    traceback; with a batch of 1 the sizes may differ."""
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_images_of_several_sizes_are_refused_before_anything_is_written(tmp_path, split):
+    """Batches stack their images: one of another size is named, not a torch.stack traceback,
+    and before the run folder is made. It was refused at the first batch that mixed sizes: an
+    epoch of training in for a validation image, leaving a run folder of config.json alone.
+    With a batch of 1 the sizes may differ."""
     data = tiny_data(tmp_path / "data")
-    pixels = np.zeros((20, 24, 3), np.uint8)  # 00003.png: 20 x 24, the others 16 x 16
-    Image.fromarray(pixels).save(data / "train" / "images" / "00003.png")
-    Image.fromarray(pixels[..., 0]).save(data / "train" / "masks" / "00003.png")
+    pixels = np.zeros((20, 24, 3), np.uint8)  # 00003.png: 24 x 20, the others 16 x 16
+    Image.fromarray(pixels).save(data / split / "images" / "00003.png")
+    Image.fromarray(pixels[..., 0]).save(data / split / "masks" / "00003.png")
     result = run_main("train.py", "-c", str(segmentation_config(tmp_path, data, epochs=1)))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
-    assert "16 x 16 and 20 x 24" in result.stderr and str(data / "train") in result.stderr
+    assert result.returncode == 2 and result.stderr == (
+        f"error: {data / split / 'images'}: images of several sizes (00000.png is 16 x 16, "
+        "00003.png 24 x 20); a batch stacks them: give every image of a split one size, or set "
+        "data_loader.args.batch_size to 1\n"
+    )
+    assert not (tmp_path / "saved").exists()
     data_loader = SegmentationDataLoader(str(data), batch_size=1, seed=0)
-    batches = data_loader.train_loader()
+    batches = data_loader.train_loader() if split == "train" else data_loader.eval_loader(split)
     assert sorted({tuple(images.shape[-2:]) for images, _ in batches}) == [(16, 16), (20, 24)]
 
 

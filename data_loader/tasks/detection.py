@@ -26,6 +26,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from base import BaseDataLoader
+from data_loader.image_files import one_size
 from data_loader.synthetic import _shape_mask
 from utils import ConfigValueError
 from utils.util import DataError
@@ -157,24 +158,6 @@ class BoxImages(Dataset):
             # the data of every later epoch (without worker processes nothing else copies them).
             target = {key: value.clone() for key, value in self.targets[index].items()}
             return image.convert("RGB"), target
-
-
-def one_size(folder: Path, paths: list[Path]) -> tuple[int, int]:
-    """The (width, height) of every image of a split; several sizes are refused, naming two: a
-    batch stacks them (else torch.stack's error, at the first batch that mixes them). Reads
-    the headers alone."""
-    sizes: dict[tuple[int, int], str] = {}  # (width, height): the first image of that size
-    for path in paths:
-        with Image.open(path) as image:
-            sizes.setdefault(image.size, path.name)
-    if len(sizes) > 1:
-        (first, name), (other, other_name) = list(sizes.items())[:2]
-        raise DataError(
-            f"{folder}: images of several sizes ({name} is {first[0]} x {first[1]}, "
-            f"{other_name} {other[0]} x {other[1]}); a batch stacks them: give every image "
-            "of a split one size"
-        )
-    return next(iter(sizes))
 
 
 def image_transform() -> Callable:

@@ -2,7 +2,7 @@
 
 On disk (write_segmentation writes this; a user's data looks the same):
     <data_dir>/classes.json               ["background", "disk", ...]: class i is pixel value i
-    <data_dir>/<split>/images/<name>.png  RGB, any size (one size in a batch, unless batch_size 1)
+    <data_dir>/<split>/images/<name>.png  RGB, any size (one per split, unless batch_size 1)
     <data_dir>/<split>/masks/<name>.png   one channel (mode "L"), same name and size
 for split in train, val, test. Named in configs as data_loader.type "SegmentationDataLoader".
 """
@@ -22,7 +22,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from base import BaseDataLoader
-from data_loader.image_files import load_image, read_image, read_mask
+from data_loader.image_files import load_image, one_size, read_image, read_mask
 from utils import ConfigValueError
 from utils.evaluation.predictions import image_paths
 from utils.state.checkpoint import write_atomic
@@ -99,9 +99,7 @@ class SegmentationDataLoader(BaseDataLoader):
             raise ConfigValueError(
                 f"ignore_index: must be an integer or null, got {ignore_index!r}"
             )
-        self.data_dir = Path(data_dir)
-        self.flip = flip
-        self.ignore_index = ignore_index
+        self.data_dir, self.flip, self.ignore_index = Path(data_dir), flip, ignore_index
         if class_names is not None and not (
             isinstance(class_names, list) and all(isinstance(name, str) for name in class_names)
         ):
@@ -109,7 +107,12 @@ class SegmentationDataLoader(BaseDataLoader):
         self.names = class_names
 
     def load_split(self, split: str) -> Dataset:
-        return MaskFolder(self.data_dir / split)
+        folder = MaskFolder(self.data_dir / split)
+        if self.batch_size > 1:  # refused now, not at the first batch that mixes sizes
+            paths = [Path(image) for image, _ in folder.samples]
+            other_way = ", or set data_loader.args.batch_size to 1"
+            one_size(folder.root / "images", paths, other_way, upright=True)
+        return folder
 
     def location(self, split: str) -> str:
         return str(self.data_dir / split)
