@@ -215,6 +215,24 @@ def test_the_fingerprint_changes_with_any_box_and_only_then(data_dir, tmp_path):
     assert loader(tmp_path / "data", validation_split=0.25).fingerprint() == before
 
 
+def test_upper_case_pngs_are_data_and_hidden_files_are_not(tmp_path):
+    """A camera's 00009.PNG was skipped (its boxes then "of missing image"), and macOS's
+    ._00001.png beside each copied file was read as an image: PIL's UnidentifiedImageError
+    traceback, in training and in predict.py's folder search."""
+    write_detection(tmp_path, num_train=6, num_test=2)
+    images = tmp_path / "train" / "images"
+    (images / "._00001.png").write_bytes(b"\x00\x05\x16\x07AppleDouble")
+    shutil.copy(images / "00002.png", images / "00009.PNG")
+    with (tmp_path / "train" / "boxes.csv").open("a") as file:
+        file.write("00009.PNG,disk,1,2,30,40\n")
+    dataset = loader(tmp_path).dataset("train")
+    assert [path.name for path in dataset.paths][-2:] == ["00005.png", "00009.PNG"]
+    assert dataset.targets[-1]["boxes"].tolist() == [[1, 2, 30, 40]]
+    names, inputs = DetectionDataLoader.read_inputs(images, {}, None)
+    assert [Path(name).name for name in names] == [path.name for path in dataset.paths]
+    assert len(inputs) == 7
+
+
 def test_missing_files_are_refused_in_one_line(tmp_path):
     write_detection(tmp_path, num_train=2, num_test=2)
     (tmp_path / "test" / "boxes.csv").unlink()

@@ -126,7 +126,8 @@ class BoxImages(Dataset):
     """(PIL image, {"boxes": float32 (N, 4), "labels": int64 (N,)}) of every PNG of a folder."""
 
     def __init__(self, split_dir: Path, class_names: list[str]) -> None:
-        self.paths = sorted((split_dir / "images").glob("*.png"))
+        # .PNG too; hidden files (macOS's ._<name>.png beside each copied file) are not data.
+        self.paths = sorted(path for path in (split_dir / "images").glob("*") if is_data(path))
         if not self.paths:
             raise DataError(f"{split_dir / 'images'}: no PNG images")
         size = one_size(split_dir / "images", self.paths)
@@ -158,6 +159,11 @@ class BoxImages(Dataset):
             # the data of every later epoch (without worker processes nothing else copies them).
             target = {key: value.clone() for key, value in self.targets[index].items()}
             return image.convert("RGB"), target
+
+
+def is_data(path: Path, suffixes: tuple[str, ...] = (".png",)) -> bool:
+    """An image file by its extension, in any case, and not a hidden file."""
+    return path.suffix.lower() in suffixes and not path.name.startswith(".")
 
 
 def image_transform() -> Callable:
@@ -200,9 +206,8 @@ class DetectionDataLoader(BaseDataLoader):
         return str(self.data_dir / split)
 
     def sample_ids(self, split: str) -> list[str]:
-        """Each image's file name and a digest of its boxes and labels: a resume (and test.py
-        --split val) refuses a split whose images or boxes.csv changed since its checkpoint, as
-        an image folder's is refused for a file moved to another class (pixels are not read)."""
+        """Each image's file name and a digest of its boxes and labels (not its pixels): a resume
+        refuses a split whose boxes.csv changed, as an image folder's whose labels did."""
         dataset, ids = self.dataset(split), []
         for path, target in zip(dataset.paths, dataset.targets, strict=True):
             boxes = target["boxes"].numpy().tobytes() + target["labels"].numpy().tobytes()
@@ -225,11 +230,10 @@ class DetectionDataLoader(BaseDataLoader):
         cls, path: Path, args: dict, feature_names: list[str] | None
     ) -> tuple[list[str], list[torch.Tensor]]:
         """predict.py: the PNG or JPEG image `path`, or those of folder `path`, as the model reads
-        them: (their paths, images float (3, H, W) in [0, 1]) of any sizes, as the detector is
-        fully convolutional (predict.py batches the runs of one size)."""
+        them: (their paths, images float (3, H, W) in [0, 1]) of any sizes (fully convolutional)."""
         paths = [path]
         if path.is_dir():
-            paths = sorted(item for item in path.iterdir() if item.suffix.lower() in IMAGE_SUFFIXES)
+            paths = sorted(item for item in path.iterdir() if is_data(item, IMAGE_SUFFIXES))
         if not paths or not paths[0].is_file():
             raise DataError(f"{path}: no image there (PNG or JPEG)")
         transform = image_transform()
