@@ -98,6 +98,12 @@ def predict(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int
             print(f"warning: {args.resume}: {note}", file=sys.stderr)
         section = config["data_loader"]["args"]
         read = [loader_class.read_inputs(Path(text), section, columns) for text in args.inputs]
+        # The model's check (BaseModel.check_inputs) of every file before the first prediction:
+        # one line for a token outside a GRU's vocabulary, not an IndexError from its forward.
+        check = getattr(model, "check_inputs", None)  # a torchvision model has none
+        for text, (_, inputs) in zip(args.inputs, read, strict=True):
+            if check is not None:
+                check(inputs, text)
         names = [name for batch_names, _ in read for name in batch_names]
     else:
         paths = image_paths(args.inputs)
@@ -140,12 +146,7 @@ def predict_rows(
 
     rows: list[dict] = []
     flat = hasattr(loader_class, "prediction_rows")
-    # The model's own check (BaseModel.check_inputs), as test.py makes it: one line for a token
-    # outside a GRU's vocabulary, not an IndexError from its forward pass.
-    check = getattr(model, "check_inputs", None)
-    for path, (names, inputs) in zip(args.inputs, read, strict=True):
-        if check is not None:
-            check(inputs, path)
+    for names, inputs in read:
         if flat:
             inputs = list(inputs)
             rows += hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)

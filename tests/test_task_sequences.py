@@ -198,28 +198,30 @@ def test_train_py_refuses_a_validation_token_outside_the_models_vocabulary(tmp_p
 def test_test_and_predict_refuse_a_token_outside_the_models_vocabulary(tmp_path):
     """A run without data_loader.args.vocab_size (the model's 32 checked the training files),
     then a test file and a file to predict holding token 40: both were the embedding's
-    IndexError traceback from inside the model; now the one line train.py gives, exit 2."""
-    config = sequence_config(tmp_path, **{"trainer.epochs": 1, "data_loader.args.vocab_size": None})
+    IndexError traceback from inside the model; now the one line train.py gives, exit 2, and
+    predict.py checks every file before predicting the first."""
+    overrides = {"trainer.epochs": 1, "data_loader.args.vocab_size": None}
+    config = sequence_config(tmp_path, **overrides)
     assert run_main("train.py", "-c", str(config), "--run-id", "x").returncode == 0
     checkpoint = tmp_path / "saved" / RUN / "x" / "checkpoint-epoch1.pth"
     bad_line = '{"tokens": [3, 40, 5], "label": "a"}\n'
     with (tmp_path / "data" / "test.jsonl").open("a") as file:
         file.write(bad_line)
-    (tmp_path / "new.jsonl").write_text('{"tokens": [4, 2]}\n' + bad_line)
+    good, bad = tmp_path / "good.jsonl", tmp_path / "new.jsonl"
+    good.write_text('{"tokens": [4, 2]}\n')
+    bad.write_text('{"tokens": [4, 2]}\n' + bad_line)
     report, out = tmp_path / "report.json", tmp_path / "rows.json"
     tested = run_main("test.py", "-r", str(checkpoint), "--json", str(report))
     predicted = run_main(
-        "predict.py", "-r", str(checkpoint), str(tmp_path / "new.jsonl"), "--out", str(out)
+        "predict.py", "-r", str(checkpoint), str(good), str(bad), "--out", str(out)
     )
-    refusal = "token 40 is outside the vocabulary of arch.args.vocab_size 32 (the model's embedding: tokens 1 to 31)"
-    assert (tested.returncode, tested.stderr) == (
-        2,
-        f"error: {tmp_path / 'data' / 'test.jsonl'}: {refusal}\n",
+    refusal = (
+        "token 40 is outside the vocabulary of arch.args.vocab_size 32 (the model's embedding: "
+        "tokens 1 to 31)"
     )
-    assert (predicted.returncode, predicted.stderr) == (
-        2,
-        f"error: {tmp_path / 'new.jsonl'}: {refusal}\n",
-    )
+    test_file = tmp_path / "data" / "test.jsonl"
+    assert (tested.returncode, tested.stderr) == (2, f"error: {test_file}: {refusal}\n")
+    assert (predicted.returncode, predicted.stderr) == (2, f"error: {bad}: {refusal}\n")
     assert predicted.stdout == "" and not report.exists() and not out.exists()
 
 
