@@ -233,6 +233,17 @@ def test_upper_case_pngs_are_data_and_hidden_files_are_not(tmp_path):
     assert len(inputs) == 7
 
 
+def test_a_boxes_csv_saved_by_excel_reads_as_the_same_boxes(tmp_path):
+    """Excel's "CSV UTF-8" (a byte order mark, CRLF line ends): the first column was read as
+    "\\ufefffile", and the file refused as without the columns it visibly has."""
+    write_detection(tmp_path, num_train=6, num_test=2)
+    before = loader(tmp_path).fingerprint()
+    path = tmp_path / "train" / "boxes.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    data = loader(tmp_path)
+    assert data.class_names() == ["disk", "square", "triangle"] and data.fingerprint() == before
+
+
 def test_missing_files_are_refused_in_one_line(tmp_path):
     write_detection(tmp_path, num_train=2, num_test=2)
     (tmp_path / "test" / "boxes.csv").unlink()

@@ -91,7 +91,7 @@ def read_boxes(
     width, height = size or (math.inf, math.inf)
     if not path.is_file():
         raise DataError(f"{path}: missing (write_detection writes an example)")
-    with open(path, newline="") as file:
+    with open(path, newline="", encoding="utf-8-sig") as file:  # Excel's "CSV UTF-8" has a BOM
         reader = csv.DictReader(file)
         if reader.fieldnames is None or not set(COLUMNS) <= set(reader.fieldnames):
             raise DataError(f"{path}: needs the columns {','.join(COLUMNS)}")
