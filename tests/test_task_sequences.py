@@ -237,6 +237,16 @@ def test_a_dropout_outside_0_to_1_is_one_line(tmp_path, dropout):
     )
 
 
+def test_a_file_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Windows Notepad's UTF-8 starts with a byte order mark: line 1 was refused as "not JSON
+    (Unexpected UTF-8 BOM)"."""
+    write_sequences(tmp_path, sizes={"train": 20, "val": 4})
+    before = loader(tmp_path).fingerprint()
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert loader(tmp_path).fingerprint() == before
+
+
 def test_a_label_outside_the_classes_names_its_file_and_line(tmp_path):
     write_sequences(tmp_path, sizes={"train": 20, "val": 1})
     with (tmp_path / "val.jsonl").open("a") as file:

@@ -38,7 +38,7 @@ def read_jsonl(path: Path, vocab_size: int | None) -> list[tuple[int, list[int],
     """(line number, tokens, label or None) of each line of a JSONL file; a bad line is a
     DataError naming it. Tokens are integers 1 .. vocab_size - 1 (0 is the padding), at least one per line."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a BOM (Notepad) is no text
     except OSError as error:
         raise DataError(f"{path}: cannot read ({error.strerror})") from None
     records = []
