@@ -206,6 +206,16 @@ def test_an_exif_tag_on_the_image_alone_is_refused_in_one_line(tmp_path):
 # --- the hooks' defaults, as BaseDataLoader defines them ----------------------------------------
 
 
+def test_classes_json_is_utf_8_with_or_without_a_byte_order_mark(tmp_path):
+    """classes.json was read in the locale's encoding (cp1252 on Windows: "cœur" would come back
+    as "cÅ“ur") and refused with a byte order mark (Notepad's UTF-8)."""
+    data = tiny_data(tmp_path / "data")
+    names = ["fond", "cœur", "carré", "三角"]
+    for prefix in (b"", b"\xef\xbb\xbf"):
+        (data / "classes.json").write_bytes(prefix + json.dumps(names, ensure_ascii=False).encode())
+        assert SegmentationDataLoader(str(data), batch_size=4, seed=0).class_names() == names
+
+
 def test_target_classes_default_reads_labels_and_integer_tensors_and_refuses_floats(tmp_path):
     data = SegmentationDataLoader(str(tiny_data(tmp_path / "data")), batch_size=4, seed=0)
     assert data.target_classes(3).tolist() == [3]

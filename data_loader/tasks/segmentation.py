@@ -133,7 +133,7 @@ class SegmentationDataLoader(BaseDataLoader):
             return list(self.names)
         path = self.data_dir / "classes.json"
         try:
-            names = json.loads(path.read_text())
+            names = json.loads(path.read_text(encoding="utf-8-sig"))  # any locale, a BOM
         except (OSError, ValueError) as error:
             raise DataError(
                 f"{path}: cannot read the class names ({error}); write a JSON list of names, or "
