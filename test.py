@@ -39,13 +39,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--confusion-png", metavar="PATH", help="classifiers: also draw the confusion matrix here"
     )
     parser.add_argument(
-        "--force", action="store_true",
-        help="let --json and --confusion-png replace existing files (as predict.py's --force)",
-    )  # fmt: skip
+        "--force", action="store_true", help="let --json and --confusion-png replace files"
+    )
     parser.add_argument(
         "--weights", choices=["auto", "trained", "ema"], default="auto",
-        help="trained, ema (the averaged weights) or auto (the default): those the run's monitor "
-        "judged",
+        help="trained, ema (the averaged weights) or auto (the default: those the monitor judged)",
     )  # fmt: skip
     parser.add_argument(
         "--ema", dest="weights", action="store_const", const="ema", help="--weights ema"
@@ -225,15 +223,14 @@ def evaluate_checkpoint(
 
 
 def check_inputs(model: "torch.nn.Module", data: "BaseDataLoader", split: str) -> None:
-    """The model's own check (BaseModel.check_inputs) of the inputs of `split`, as it sees them:
-    one line for a token outside a GRU's vocabulary, not an IndexError from its forward pass."""
+    """BaseModel.check_inputs on the inputs of `split` as the model sees them: one line for a
+    token outside a GRU's vocabulary, not an IndexError from its forward pass."""
     check = getattr(model, "check_inputs", None)  # a torchvision model has none
-    if check is None:
-        return
-    source = data.validation_source() if split == "val" else None
-    name, indices = source or (split, range(len(data.dataset(split))))
-    view = data.view(name, augment=False)
-    check((view[int(index)][0] for index in indices), data.location(name))
+    if check is not None:
+        source = data.validation_source() if split == "val" else None
+        name, indices = source or (split, range(len(data.dataset(split))))
+        view = data.view(name, augment=False)
+        check((view[int(index)][0] for index in indices), data.location(name))
 
 
 def breakdown_table(metrics: dict[str, float]) -> list[str]:

@@ -273,8 +273,9 @@ def test_validation_and_test_py_weigh_the_views_as_the_config_says(make_config, 
     def tested(*overrides: str) -> dict:
         report = tmp_path / "report.json"
         result = run_main(
-            "test.py", "-r", str(checkpoint), "--split", "val", "--json", str(report), *overrides
-        )
+            "test.py", "-r", str(checkpoint), "--split", "val", "--json", str(report), "--force",
+            *overrides,
+        )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads(report.read_text())["metrics"]
 
