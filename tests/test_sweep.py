@@ -504,10 +504,15 @@ def test_a_stopped_random_sweep_resumes_without_running_finished_trials_again(ma
 
 
 @pytest.mark.slow
-def test_pruning_stops_a_trial_after_the_epoch_that_was_pruned(make_config, tmp_path):
+@pytest.mark.parametrize("folds", [0, 2])
+def test_pruning_stops_a_trial_after_the_epoch_that_was_pruned(make_config, tmp_path, folds):
+    """With data_loader.args.folds a trial keeps its checkpoints in fold-<i>/: the epochs of
+    fold 0 (the first to train, on the same split in every trial) are reported, and a pruned
+    trial stops there, before the other folds."""
     config = make_config(**{**TINY, "trainer.epochs": 3, "trainer.len_epoch": 30})
     run_dir = tmp_path / "saved" / "models" / NAME / "pruned"
     command = [sys.executable, str(ROOT / "train.py"), "-c", str(config), "--run-id", "pruned"]
+    command += ["--folds", str(folds)] if folds else []
     trials, seen, ended = iter([Trial(0, {})]), [], []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -524,38 +529,10 @@ def test_pruning_stops_a_trial_after_the_epoch_that_was_pruned(make_config, tmp_
     stopped = run_trials(lambda: next(trials, None), start, finish, parallel=1, on_epoch=on_epoch)
     assert stopped is None
     assert ended == [("pruned", 128 + signal.SIGTERM)], (tmp_path / "trial.log").read_text()
-    first = torch.load(run_dir / "checkpoint-epoch1.pth", weights_only=True)
+    checkpoints = run_dir / "fold-0" if folds else run_dir
+    first = torch.load(checkpoints / "checkpoint-epoch1.pth", weights_only=True)
     assert seen == [(1, first["metrics"]["val/accuracy"])]
-    assert not (run_dir / "checkpoint-epoch3.pth").exists()
-
-
-@pytest.mark.slow
-def test_pruning_watches_the_first_fold_of_a_cross_validated_trial(make_config, tmp_path):
-    """A trial of a config with data_loader.args.folds keeps its checkpoints in fold-<i>/: the
-    epochs of fold 0 (the first to train, on the same split in every trial) are reported, and
-    a pruned trial stops there, before the other folds."""
-    config = make_config(**{**TINY, "trainer.epochs": 3, "trainer.len_epoch": 30})
-    run_dir = tmp_path / "saved" / "models" / NAME / "cv"
-    command = [sys.executable, str(ROOT / "train.py"), "-c", str(config), "--run-id", "cv"]
-    command += ["--folds", "2"]
-    trials, seen, ended = iter([Trial(0, {})]), [], []
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def start(trial: Trial, slot: int) -> tuple[subprocess.Popen, Path]:
-        return start_process(command, env, tmp_path / "trial.log"), run_dir
-
-    def on_epoch(trial: Trial, epoch: int, metrics: dict) -> bool:
-        seen.append((epoch, metrics["val/accuracy"]))
-        return True  # prune at the first epoch reported
-
-    def finish(trial: Trial, status: str, code: int, seconds: float) -> None:
-        ended.append((status, code))
-
-    run_trials(lambda: next(trials, None), start, finish, parallel=1, on_epoch=on_epoch)
-    assert ended == [("pruned", 128 + signal.SIGTERM)], (tmp_path / "trial.log").read_text()
-    first = torch.load(run_dir / "fold-0" / "checkpoint-epoch1.pth", weights_only=True)
-    assert seen == [(1, first["metrics"]["val/accuracy"])]
-    assert not (run_dir / "fold-0" / "checkpoint-epoch3.pth").exists()
+    assert not (checkpoints / "checkpoint-epoch3.pth").exists()
     assert not (run_dir / "fold-1").exists()
 
 
