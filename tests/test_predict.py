@@ -253,6 +253,11 @@ CASES = {
         "{t}/empty: a folder, not a checkpoint file; pass a checkpoint in it (e.g. "
         "{t}/empty/model_best.pth)",
     ),
+    "cross-validation run folder": (  # its checkpoints lie in fold-<i>/
+        lambda t, c: [str(t / "cv"), str(t / "x.png")],
+        "{t}/cv: a folder, not a checkpoint file; pass a checkpoint in it (e.g. "
+        "{t}/cv/fold-0/model_best.pth)",
+    ),
     "no averaged weights": (
         lambda t, c: [c, str(t / "x.png"), "--ema"],
         "{c}: holds no averaged weights (trainer.ema_decay was off)",
@@ -263,6 +268,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_line_and_writes_nothing(case, demo_checkpoint, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "cv" / "fold-0").mkdir(parents=True)
     write_images(tmp_path, ["x.png"])
     (tmp_path / "kept.csv").write_text("keep me\n")
     torch.save({"weights": torch.zeros(1)}, tmp_path / "foreign.pth")

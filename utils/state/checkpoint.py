@@ -96,9 +96,11 @@ def load_checkpoint(
     """
     path = Path(path)
     if path.is_dir():  # a run folder: test.py and train.py -r choose in it; the others do not
+        example = path / "model_best.pth"
+        if not example.exists() and (path / "fold-0").is_dir():  # a cross-validation's
+            example = path / "fold-0" / "model_best.pth"
         raise CheckpointError(
-            f"{path}: a folder, not a checkpoint file; pass a checkpoint in it (e.g. "
-            f"{path / 'model_best.pth'})"
+            f"{path}: a folder, not a checkpoint file; pass a checkpoint in it (e.g. {example})"
         )
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
