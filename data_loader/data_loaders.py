@@ -240,9 +240,12 @@ class SyntheticDataLoader(ImageDataLoader):
         self, *, num_train: int = 5000, num_test: int = 1000, data_seed: int = 0, **kwargs: object
     ) -> None:
         super().__init__(**kwargs)
-        for name, value in (("num_train", num_train), ("num_test", num_test)):
-            if not isinstance(value, int) or value < 1:
-                raise ConfigValueError(f"{name} must be a positive integer, got {value!r}")
+        # data_seed too: numpy's seed takes no float, nor one below 0 (a traceback at load)
+        for name, value, least in (
+            ("num_train", num_train, 1), ("num_test", num_test, 1), ("data_seed", data_seed, 0)
+        ):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigValueError(f"{name} must be an integer >= {least}, got {value!r}")
         self.sizes = {"train": num_train, "test": num_test}
         self.data_seed = data_seed
         self.mean, self.std = STATS["cifar"]

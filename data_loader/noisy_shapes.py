@@ -36,9 +36,12 @@ class NoisyShapesDataLoader(BaseDataLoader):
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)
-        for name, value in (("num_train", num_train), ("num_test", num_test)):
-            if not isinstance(value, int) or value < 1:
-                raise ConfigValueError(f"{name} must be a positive integer, got {value!r}")
+        # data_seed too: numpy's seed takes no float, nor one below 0 (a traceback at load)
+        for name, value, least in (
+            ("num_train", num_train, 1), ("num_test", num_test, 1), ("data_seed", data_seed, 0)
+        ):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if not (is_number(noise_std) and noise_std > 0):
             raise ConfigValueError(f"noise_std must be a number > 0, got {noise_std!r}")
         self.sizes = {"train": num_train, "test": num_test}

@@ -28,9 +28,10 @@ from data_loader.data_loaders import (
     SyntheticDataLoader,
 )
 from data_loader.image_files import load_image
+from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import CLASS_NAMES, SyntheticShapes, generate
 from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD, cifar_transform
-from utils import derive_seed
+from utils import ConfigValueError, derive_seed
 from utils.data import splits as data_splits
 from utils.data.sampler import alternating_flips
 
@@ -128,6 +129,17 @@ def test_cifar_transform_augments_only_when_asked():
 def synthetic(**kwargs) -> SyntheticDataLoader:
     args = {"batch_size": 16, "seed": 0, "validation_split": 0.2, "num_train": 200, "num_test": 50}
     return SyntheticDataLoader(**{**args, **kwargs})
+
+
+@pytest.mark.parametrize("loader", [SyntheticDataLoader, NoisyShapesDataLoader])
+@pytest.mark.parametrize("data_seed", [1.5, -1, float("nan"), True, "0"])
+def test_a_data_seed_that_is_no_seed_is_refused_in_one_line(loader, data_seed):
+    # numpy's SeedSequence took it to a traceback at the first split (a float, a negative).
+    args = {"batch_size": 16, "seed": 0, "num_train": 20, "num_test": 5, "data_seed": data_seed}
+    with pytest.raises(ConfigValueError, match=r"^data_seed must be an integer >= 0, got "):
+        loader(**args)
+    dataset = loader(**{**args, "data_seed": 2**40}).dataset("train")  # a large seed is one
+    assert len(dataset) == 20 and dataset[19] is not None
 
 
 def test_split_indices_are_a_seeded_partition():
