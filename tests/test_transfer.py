@@ -1,6 +1,8 @@
 """Transfer learning offline: pretrained torchvision weights from a local file or a (faked)
-download, a new classification head, frozen layers and per-group learning rates."""
+download, a new classification head, frozen layers and per-group learning rates; the teacher a
+distillation loads from a checkpoint."""
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -8,13 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags
+from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
+import model.model as arch_module
 import train
-from build import freeze
+from build import freeze, load_inference_model
 from model.model import TorchvisionModel
 from parse_config import ConfigParser
+from trainer.distillation import load_teacher
 from utils import ConfigValueError, UserError
 from utils.optim.optimizer import build_optimizer
 
@@ -244,3 +250,92 @@ def test_finetune_config_on_real_images(resnet18_file, tmp_path):
     assert state["model"]["network.fc.weight"].shape == (10, 512)
     # Chance is 0.10; on 500 validation images, 0.15 is four standard deviations above it.
     assert state["metrics"]["val/accuracy"] > 0.15, state["metrics"]
+
+
+# --- the teacher of a distillation -----------------------------------------------------------
+
+
+def save_teacher(
+    path: Path,
+    config: dict,
+    weights: dict,
+    *,
+    averaged: dict | None = None,
+    monitor: str = "max val/accuracy",
+) -> Path:
+    """A checkpoint as train.py writes it (the keys load_teacher reads): `weights` trained,
+    `averaged` (trainer.ema_decay) as AveragedModel's state dict, judged by `monitor`."""
+    ema_decay = None if averaged is None else 0.9
+    config = {
+        **config,
+        "trainer": {**config["trainer"], "monitor": monitor, "ema_decay": ema_decay},
+    }
+    state = {"model": weights, "config": config, "epoch": 1}
+    if averaged is not None:
+        state["ema"] = {**{f"module.{k}": v for k, v in averaged.items()}, "n_averaged": 3}
+    state["weights"] = "ema" if monitor.startswith("max val/ema_") else "model"
+    torch.save(state, path)
+    return path
+
+
+def demo_network(config: dict, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return ConfigParser(copy.deepcopy(config), source="t").init_obj("arch", arch_module).eval()
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.booleans(), st.integers(0, 2**16))
+def test_the_teacher_is_the_network_test_py_evaluates(tmp_path_factory, ema_judged, seed):
+    """Whichever weights the teacher's run judged (its monitor on val/ema_: the averaged ones),
+    the teacher computes what test.py evaluates of that checkpoint."""
+    tmp_path = tmp_path_factory.mktemp("teacher")
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    trained, averaged = demo_network(config, seed), demo_network(config, seed + 1)
+    monitor = "max val/ema_accuracy" if ema_judged else "max val/accuracy"
+    path = save_teacher(
+        tmp_path / "teacher.pth",
+        config,
+        trained.state_dict(),
+        averaged=averaged.state_dict(),
+        monitor=monitor,
+    )
+    teacher, evaluated = load_teacher(path), load_inference_model(path)[0]
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(teacher(images), evaluated(images))
+        assert torch.equal(teacher(images), (averaged if ema_judged else trained)(images))
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_a_teacher_judged_on_its_average_is_the_average(tmp_path):
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    trained, averaged = demo_network(config, 0), demo_network(config, 1)
+    path = save_teacher(
+        tmp_path / "teacher.pth",
+        config,
+        trained.state_dict(),
+        averaged=averaged.state_dict(),
+        monitor="max val/ema_accuracy",
+    )
+    teacher, images = load_teacher(path), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(teacher(images), averaged(images))
+
+
+def test_a_fine_tuned_teacher_downloads_nothing(tmp_path, monkeypatch):
+    """A TorchvisionModel teacher trained from named pretrained weights: its checkpoint holds
+    every weight, so an offline machine loads it (nothing downloaded, nothing read)."""
+
+    def offline(url, *args, **kwargs):
+        raise OSError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
+    args = {"name": "resnet18", "num_classes": 10, "weights": "IMAGENET1K_V1"}
+    config = json.loads((ROOT / "configs/finetune.json").read_text())
+    torch.manual_seed(0)
+    trained = TorchvisionModel("resnet18", num_classes=10).eval()
+    config["arch"]["args"] = args
+    path = save_teacher(tmp_path / "teacher.pth", config, trained.state_dict())
+    teacher, images = load_teacher(path), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(teacher(images), trained(images))

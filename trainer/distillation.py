@@ -10,6 +10,7 @@ engine, the validation step (the student alone) and everything else are Trainer'
                          "alpha": 0.9}, ...}
 """
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from base import StepOutput
 from parse_config import ConfigParser
 from trainer.trainer import Trainer
 from utils import ConfigValueError
-from utils.state.checkpoint import load_checkpoint
+from utils.state.checkpoint import load_checkpoint, use_averaged_weights
 from utils.state.model_state import load_model_state
 
 
@@ -62,14 +63,21 @@ class DistillationTrainer(Trainer):
 
 def load_teacher(path: Path) -> torch.nn.Module:
     """The model a checkpoint of this template holds, built from its own config, frozen and in
-    evaluation mode."""
+    evaluation mode: the weights its run's monitor judged, as test.py loads them (the averaged
+    ones when trainer.monitor watched a val/ema_ metric)."""
     if not path.is_file():
         raise ConfigValueError(
             f"teacher: {path} not found; train a teacher first, e.g. python train.py "
             "-c configs/demo.json --run-id teacher"
         )
     state = load_checkpoint(path, map_location="cpu")
-    teacher = ConfigParser(state["config"], source=str(path)).init_obj("arch", arch_module)
-    load_model_state(teacher, state, path)
+    config = copy.deepcopy(state["config"])
+    arch_args = config.get("arch", {}).get("args", {})
+    if arch_args.get("weights") is not None:
+        # The pretrained weights the teacher's run started from: the checkpoint's own replace
+        # them, so they are neither downloaded nor read (build.load_inference_model does so too).
+        arch_args["weights"] = None
+    teacher = ConfigParser(config, source=str(path)).init_obj("arch", arch_module)
+    load_model_state(teacher, state, path, ema=use_averaged_weights(state, "auto"))
     teacher.requires_grad_(False)
     return teacher.eval()
