@@ -339,3 +339,42 @@ def test_a_fine_tuned_teacher_downloads_nothing(tmp_path, monkeypatch):
     teacher, images = load_teacher(path), torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(teacher(images), trained(images))
+
+
+def distill_config(tmp_path: Path, teacher: Path) -> Path:
+    config = shrink(json.loads((ROOT / "configs/distill.json").read_text()), tmp_path / "saved")
+    config["trainer"]["args"]["teacher"] = str(teacher)
+    config["trainer"]["tensorboard"] = False
+    path = tmp_path / "distill.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def teacher_of(tmp_path: Path, num_classes: int) -> Path:
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["arch"]["args"]["num_classes"] = num_classes
+    weights = demo_network(config, 0).state_dict()
+    return save_teacher(tmp_path / f"teacher{num_classes}.pth", config, weights)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(2, 14), st.integers(10, 14))  # the student scores the data's 10 classes at least
+def test_a_teacher_of_other_classes_is_refused_in_one_line(tmp_path_factory, teacher, student):
+    if teacher == student:
+        return
+    tmp_path = tmp_path_factory.mktemp("distill")
+    config = distill_config(tmp_path, teacher_of(tmp_path, teacher))
+    result = run_main("train.py", "-c", str(config), "--set", f"arch.args.num_classes={student}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: {config}: trainer.args: teacher: ")
+    assert f"scores {teacher} classes, the student (arch.args.num_classes) {student};" in (
+        result.stderr
+    )
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "saved" / "models").exists()
+
+
+def test_a_five_class_teacher_for_ten_classes_is_refused(tmp_path):
+    config = distill_config(tmp_path, teacher_of(tmp_path, 5))
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert "scores 5 classes, the student (arch.args.num_classes) 10;" in result.stderr

@@ -21,7 +21,7 @@ import model.model as arch_module
 from base import StepOutput
 from parse_config import ConfigParser
 from trainer.trainer import Trainer
-from utils import ConfigValueError
+from utils import ConfigValueError, unwrap_model
 from utils.state.checkpoint import load_checkpoint, use_averaged_weights
 from utils.state.model_state import load_model_state
 
@@ -39,6 +39,16 @@ class DistillationTrainer(Trainer):
             )
         self.temperature, self.alpha = temperature, alpha
         self.teacher = load_teacher(Path(teacher)).to(self.device)
+        # The soft loss compares the two networks' scores class by class: another number of
+        # classes would fail deep inside kl_div at the first batch, naming neither network.
+        teacher_classes = getattr(self.teacher, "num_classes", None)
+        student_classes = getattr(unwrap_model(self.model), "num_classes", None)
+        if None not in (teacher_classes, student_classes) and teacher_classes != student_classes:
+            raise ConfigValueError(
+                f"teacher: {teacher} scores {teacher_classes} classes, the student "
+                f"(arch.args.num_classes) {student_classes}; distil from a teacher trained on "
+                "the same classes"
+            )
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
         images, labels = batch  # (B, C, H, W), (B,)
