@@ -10,6 +10,7 @@ from torch import nn
 
 from base import BaseModel
 from utils import ConfigValueError, UserError, describe_error
+from utils.state.checkpoint import ema_weights, use_averaged_weights
 
 
 class TorchvisionModel(BaseModel):
@@ -117,7 +118,9 @@ def load_weights_file(network: nn.Module, path: Path) -> None:
     except Exception as error:  # unsafe pickles, damaged files: one line, nothing run
         raise UserError(f"{path}: not a readable weights file ({describe_error(error)})") from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]  # one of this template's checkpoints
+        # One of this template's checkpoints: the weights its run's monitor judged, as test.py
+        # loads them (the averaged ones when trainer.monitor watched a val/ema_ metric).
+        state = ema_weights(state, path) if use_averaged_weights(state, "auto") else state["model"]
     if isinstance(state, dict) and state and all(key.startswith("network.") for key in state):
         state = {key.removeprefix("network."): value for key, value in state.items()}
     head_name, head = classification_head(network)

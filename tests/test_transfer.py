@@ -72,6 +72,29 @@ def test_weights_file_with_another_number_of_classes(resnet18_file, tmp_path):
     )
 
 
+@settings(max_examples=8, deadline=None)
+@given(st.booleans(), st.integers(0, 2**16))
+def test_a_checkpoint_as_weights_gives_the_weights_its_run_judged(
+    tmp_path_factory, ema_judged, seed
+):
+    """arch.args.weights=CKPT starts from what test.py evaluates of CKPT: its averaged weights
+    when its monitor watched val/ema_, else its trained ones; the head is new either way."""
+    torch.manual_seed(seed)
+    trained = TorchvisionModel("resnet18", num_classes=10)
+    averaged = TorchvisionModel("resnet18", num_classes=10)
+    monitor = "max val/ema_accuracy" if ema_judged else "max val/accuracy"
+    ema = {**{f"module.{k}": v for k, v in averaged.state_dict().items()}, "n_averaged": 3}
+    path = tmp_path_factory.mktemp("weights") / "model_best.pth"
+    state = {"epoch": 3, "config": {"trainer": {"monitor": monitor}}, "model": trained.state_dict()}
+    torch.save({**state, "ema": ema, "weights": "ema" if ema_judged else "model"}, path)
+    started = TorchvisionModel("resnet18", num_classes=5, weights=str(path)).state_dict()
+    judged = (averaged if ema_judged else trained).state_dict()
+    for key, value in judged.items():
+        if not key.startswith("network.fc."):
+            assert torch.equal(started[key], value), key
+    assert started["network.fc.weight"].shape == (5, 512)
+
+
 def test_named_weights_are_downloaded_by_torchvision(resnet18_file, monkeypatch):
     pretrained = torch.load(resnet18_file, weights_only=True)
     urls = []
