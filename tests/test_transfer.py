@@ -4,11 +4,13 @@ distillation loads from a checkpoint."""
 
 import copy
 import json
+import logging
 import re
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision
 from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags, shrink
 from hypothesis import given, settings
@@ -17,11 +19,12 @@ from torch import nn
 
 import model.model as arch_module
 import train
-from build import freeze, load_inference_model
+from build import build_trainer, freeze, load_inference_model
 from model.model import TorchvisionModel
 from parse_config import ConfigParser
 from trainer.distillation import load_teacher
 from utils import ConfigValueError, UserError
+from utils.distributed.process_group import ProcessInfo
 from utils.optim.optimizer import build_optimizer
 
 FROZEN = ["network.conv1", "network.bn1", "network.layer1", "network.layer2"]
@@ -401,3 +404,41 @@ def test_a_five_class_teacher_for_ten_classes_is_refused(tmp_path):
     result = run_main("train.py", "-c", str(config))
     assert result.returncode == 2
     assert "scores 5 classes, the student (arch.args.num_classes) 10;" in result.stderr
+
+
+def rows(scores: torch.Tensor) -> torch.Tensor:
+    """Dense scores (B, K, H, W) as one row of K per pixel: (B * H * W, K)."""
+    return scores.movedim(1, -1).reshape(-1, scores.shape[1])
+
+
+def test_a_dense_distillation_loss_is_that_of_its_pixels(tmp_path):
+    """For a dense output (a segmenter's (B, K, H, W)), the loss is the one of its pixels taken
+    as a batch of rows: the soft loss averages over pixels as the criterion does, whatever the
+    image size, so alpha weighs the two terms as it says."""
+    config = ConfigParser(
+        json.loads(distill_config(tmp_path, teacher_of(tmp_path, 10)).read_text()), source="t"
+    )
+    trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+    torch.manual_seed(0)
+    trainer.model, trainer.teacher = nn.Conv2d(3, 10, 1), nn.Conv2d(3, 10, 1).requires_grad_(False)
+
+    @settings(max_examples=20, deadline=None)
+    @given(
+        st.integers(1, 4), st.integers(1, 9), st.integers(1, 9),
+        st.floats(0.5, 8.0), st.floats(0.0, 1.0), st.integers(0, 2**16),
+    )  # fmt: skip
+    def check(batch: int, height: int, width: int, temperature: float, alpha: float, seed: int):
+        trainer.temperature, trainer.alpha = temperature, alpha
+        generator = torch.Generator().manual_seed(seed)
+        images = torch.randn(batch, 3, height, width, generator=generator)
+        labels = torch.randint(0, 10, (batch, height, width), generator=generator)
+        loss = trainer.training_step((images, labels)).loss
+        student, teacher = rows(trainer.model(images)), rows(trainer.teacher(images))
+        soft = F.kl_div(
+            F.log_softmax(student / temperature, 1), F.softmax(teacher / temperature, 1),
+            reduction="batchmean",
+        ) * temperature**2  # fmt: skip
+        expected = alpha * soft + (1 - alpha) * F.cross_entropy(student, labels.reshape(-1))
+        torch.testing.assert_close(loss, expected)
+
+    check()

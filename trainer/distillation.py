@@ -58,14 +58,16 @@ class DistillationTrainer(Trainer):
         with torch.no_grad():
             teacher_output = self.teacher(mixed_images)  # (B, num_classes)
         temperature = self.temperature
-        # KL divergence between the softened distributions; T^2 keeps its gradients' scale
+        # KL divergence between the softened distributions, summed over the classes (dim 1) and
+        # averaged over the rest: per sample for (B, K) (kl_div's "batchmean"), per pixel for a
+        # dense (B, K, H, W), as the criterion averages. T^2 keeps its gradients' scale
         # independent of the temperature.
         soft_loss = F.kl_div(
             F.log_softmax(output / temperature, dim=1),
             F.log_softmax(teacher_output / temperature, dim=1),
-            reduction="batchmean",
+            reduction="none",
             log_target=True,
-        ) * (temperature**2)
+        ).sum(dim=1).mean() * (temperature**2)
         hard_loss = self.criterion(output, mixed_labels)
         loss = self.alpha * soft_loss + (1 - self.alpha) * hard_loss
         return StepOutput(loss=loss, output=output, target=labels)
