@@ -442,3 +442,19 @@ def test_a_dense_distillation_loss_is_that_of_its_pixels(tmp_path):
         torch.testing.assert_close(loss, expected)
 
     check()
+
+
+def test_test_py_evaluates_a_student_without_its_teacher(tmp_path):
+    """test.py runs the student alone: a teacher moved or deleted since training is not needed,
+    and the report is the student's own validation."""
+    teacher = teacher_of(tmp_path, 10)
+    config = distill_config(tmp_path, teacher)
+    result = run_main("train.py", "-c", str(config), "--run-id", "student", "--epochs", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    teacher.unlink()
+    best = tmp_path / "saved" / "models" / "Distill_CifarCNN" / "student" / "model_best.pth"
+    report = tmp_path / "val.json"
+    result = run_main("test.py", "-r", str(best), "--split", "val", "--json", str(report))
+    assert result.returncode == 0, result.stderr[-2000:]
+    recorded = torch.load(best, weights_only=True)["metrics"]
+    assert json.loads(report.read_text())["metrics"]["val/accuracy"] == recorded["val/accuracy"]

@@ -38,6 +38,9 @@ class DistillationTrainer(Trainer):
                 f"temperature must be > 0 and alpha in [0, 1], got {temperature} and {alpha}"
             )
         self.temperature, self.alpha = temperature, alpha
+        self.teacher: torch.nn.Module | None = None
+        if self.optimizer is None:  # test.py: it evaluates the student alone, without a teacher
+            return
         self.teacher = load_teacher(Path(teacher)).to(self.device)
         # The soft loss compares the two networks' scores class by class: another number of
         # classes would fail deep inside kl_div at the first batch, naming neither network.
