@@ -458,3 +458,33 @@ def test_test_py_evaluates_a_student_without_its_teacher(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     recorded = torch.load(best, weights_only=True)["metrics"]
     assert json.loads(report.read_text())["metrics"]["val/accuracy"] == recorded["val/accuracy"]
+
+
+BAD_ARGUMENTS = st.one_of(
+    st.fixed_dictionaries(
+        {"temperature": st.sampled_from(["4", None, [4.0], True, 0, -1.0, float("inf")])}
+    ),
+    st.fixed_dictionaries(
+        {"alpha": st.sampled_from(["0.5", None, False, -0.1, 1.5, float("nan")])}
+    ),
+    st.fixed_dictionaries({"teacher": st.sampled_from([5, None, ["a.pth"], {"path": "a.pth"}])}),
+)
+
+
+@settings(max_examples=15, deadline=None)
+@given(BAD_ARGUMENTS)
+def test_bad_distillation_arguments_stop_train_py_in_one_line(tmp_path_factory, bad):
+    tmp_path = tmp_path_factory.mktemp("distill")
+    config = distill_config(tmp_path, teacher_of(tmp_path, 10))
+    args = {**json.loads(config.read_text())["trainer"]["args"], **bad}
+    result = run_main("train.py", "-c", str(config), *set_flags({"trainer.args": args}))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: {config}: trainer.args: "), result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "saved" / "models").exists()
+
+
+def test_a_temperature_given_as_a_string_is_a_config_error(tmp_path):
+    config = distill_config(tmp_path, teacher_of(tmp_path, 10))
+    result = run_main("train.py", "-c", str(config), "--set", 'trainer.args.temperature="4"')
+    assert result.returncode == 2
+    assert "trainer.args: temperature must be a number > 0" in result.stderr

@@ -11,6 +11,7 @@ engine, the validation step (the student alone) and everything else are Trainer'
 """
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,18 @@ class DistillationTrainer(Trainer):
         self, *args: Any, teacher: str, temperature: float = 4.0, alpha: float = 0.9, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        if not temperature > 0 or not 0 <= alpha <= 1:
+        # JSON gives any type: a string or a list would fail at a comparison, with a traceback.
+        numbers = all(
+            isinstance(value, int | float) and not isinstance(value, bool)
+            for value in (temperature, alpha)
+        )
+        if not numbers or not 0 < temperature < math.inf or not 0 <= alpha <= 1:
             raise ConfigValueError(
-                f"temperature must be > 0 and alpha in [0, 1], got {temperature} and {alpha}"
+                "temperature must be a number > 0 (finite) and alpha one in [0, 1], got "
+                f"{temperature!r} and {alpha!r}"
             )
+        if not isinstance(teacher, str):
+            raise ConfigValueError(f"teacher must be a checkpoint's path, got {teacher!r}")
         self.temperature, self.alpha = temperature, alpha
         self.teacher: torch.nn.Module | None = None
         if self.optimizer is None:  # test.py: it evaluates the student alone, without a teacher
