@@ -35,6 +35,14 @@ class TorchvisionModel(BaseModel):
         builder_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        # JSON gives any type: a wrong one would fail deep inside torchvision, with a traceback.
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ConfigValueError(f"num_classes must be a whole number >= 1, got {num_classes!r}")
+        if not isinstance(weights, str | None) or not isinstance(builder_args, dict | None):
+            raise ConfigValueError(
+                "weights must be a name or a file's path (or null), builder_args a dict of "
+                f"arguments (or null), got {weights!r} and {builder_args!r}"
+            )
         self.num_classes = num_classes  # the trainer checks the data's labels against it
         if name not in torchvision.models.list_models():
             raise ConfigValueError(

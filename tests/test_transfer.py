@@ -139,6 +139,35 @@ def test_bad_weights_are_config_errors(weights, message):
         TorchvisionModel("resnet18", num_classes=10, weights=weights)
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    st.one_of(
+        st.fixed_dictionaries(
+            {
+                "num_classes": st.one_of(
+                    st.integers(-5, 0), st.sampled_from(["10", 10.0, True, None])
+                )
+            }
+        ),
+        st.fixed_dictionaries({"weights": st.sampled_from([5, ["a.pth"], {"file": "a.pth"}])}),
+        st.fixed_dictionaries({"builder_args": st.sampled_from([[1], "dropout=0.2", 3])}),
+    ),
+    st.booleans(),
+)
+def test_arguments_of_the_wrong_type_are_config_errors(resnet18_file, bad, with_weights):
+    """Whatever JSON value a key holds, a wrong one is a one-line ConfigValueError naming it,
+    with or without pretrained weights, never a traceback from inside torchvision."""
+    args = {"num_classes": 10, "weights": str(resnet18_file) if with_weights else None, **bad}
+    with pytest.raises(ConfigValueError) as error:
+        TorchvisionModel("resnet18", **args)
+    assert next(iter(bad)) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_negative_number_of_classes_is_a_config_error():
+    with pytest.raises(ConfigValueError, match=r"num_classes must be a whole number >= 1, got -3"):
+        TorchvisionModel("resnet18", num_classes=-3)
+
+
 def test_weights_of_another_network_are_refused_in_one_line(resnet18_file):
     with pytest.raises(UserError, match="its weights do not fit torchvision's ResNet"):
         TorchvisionModel("resnet34", num_classes=10, weights=str(resnet18_file))
