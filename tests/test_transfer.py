@@ -20,6 +20,7 @@ from torch import nn
 import model.model as arch_module
 import train
 from build import build_trainer, freeze, load_inference_model
+from data_loader.synthetic import SyntheticShapes
 from model.model import TorchvisionModel
 from parse_config import ConfigParser
 from trainer.distillation import load_teacher
@@ -317,6 +318,7 @@ def save_teacher(
     *,
     averaged: dict | None = None,
     monitor: str = "max val/accuracy",
+    class_names: list[str] | None = None,
 ) -> Path:
     """A checkpoint as train.py writes it (the keys load_teacher reads): `weights` trained,
     `averaged` (trainer.ema_decay) as AveragedModel's state dict, judged by `monitor`."""
@@ -325,7 +327,7 @@ def save_teacher(
         **config,
         "trainer": {**config["trainer"], "monitor": monitor, "ema_decay": ema_decay},
     }
-    state = {"model": weights, "config": config, "epoch": 1}
+    state = {"model": weights, "config": config, "epoch": 1, "class_names": class_names or []}
     if averaged is not None:
         state["ema"] = {**{f"module.{k}": v for k, v in averaged.items()}, "n_averaged": 3}
     state["weights"] = "ema" if monitor.startswith("max val/ema_") else "model"
@@ -354,7 +356,7 @@ def test_the_teacher_is_the_network_test_py_evaluates(tmp_path_factory, ema_judg
         averaged=averaged.state_dict(),
         monitor=monitor,
     )
-    teacher, evaluated = load_teacher(path), load_inference_model(path)[0]
+    teacher, evaluated = load_teacher(path)[0], load_inference_model(path)[0]
     images = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(teacher(images), evaluated(images))
@@ -372,7 +374,7 @@ def test_a_teacher_judged_on_its_average_is_the_average(tmp_path):
         averaged=averaged.state_dict(),
         monitor="max val/ema_accuracy",
     )
-    teacher, images = load_teacher(path), torch.randn(2, 3, 32, 32)
+    teacher, images = load_teacher(path)[0], torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(teacher(images), averaged(images))
 
@@ -391,7 +393,7 @@ def test_a_fine_tuned_teacher_downloads_nothing(tmp_path, monkeypatch):
     trained = TorchvisionModel("resnet18", num_classes=10).eval()
     config["arch"]["args"] = args
     path = save_teacher(tmp_path / "teacher.pth", config, trained.state_dict())
-    teacher, images = load_teacher(path), torch.randn(2, 3, 32, 32)
+    teacher, images = load_teacher(path)[0], torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(teacher(images), trained(images))
 
@@ -405,11 +407,12 @@ def distill_config(tmp_path: Path, teacher: Path) -> Path:
     return path
 
 
-def teacher_of(tmp_path: Path, num_classes: int) -> Path:
+def teacher_of(tmp_path: Path, num_classes: int, class_names: list[str] | None = None) -> Path:
     config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
     config["arch"]["args"]["num_classes"] = num_classes
     weights = demo_network(config, 0).state_dict()
-    return save_teacher(tmp_path / f"teacher{num_classes}.pth", config, weights)
+    path = tmp_path / f"teacher{num_classes}.pth"
+    return save_teacher(path, config, weights, class_names=class_names)
 
 
 @settings(max_examples=10, deadline=None)
@@ -517,3 +520,39 @@ def test_a_temperature_given_as_a_string_is_a_config_error(tmp_path):
     result = run_main("train.py", "-c", str(config), "--set", 'trainer.args.temperature="4"')
     assert result.returncode == 2
     assert "trainer.args: temperature must be a number > 0" in result.stderr
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.permutations(SyntheticShapes.classes), st.integers(0, 9), st.booleans())
+def test_a_teacher_of_other_class_names_or_order_is_refused(
+    tmp_path_factory, names, index, renamed
+):
+    """The teacher scores class i as the i-th of its checkpoint's class names: another order, or
+    another name, would distil wrong targets silently. Refused, naming the first that differs;
+    the data's own names, in its order, are taken."""
+    names = list(names)
+    if renamed:
+        names[index] = "zebra"
+    tmp_path = tmp_path_factory.mktemp("distill")
+    config = distill_config(tmp_path, teacher_of(tmp_path, 10, names))
+    result = run_main("train.py", "-c", str(config), "--epochs", "1")
+    if names == list(SyntheticShapes.classes):
+        assert result.returncode == 0, result.stderr[-2000:]
+        return
+    first = next(i for i, name in enumerate(names) if name != SyntheticShapes.classes[i])
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"trainer.args: teacher: {tmp_path}" in result.stderr
+    assert f"class {first} is {names[first]!r} there, {SyntheticShapes.classes[first]!r} here;" in (
+        result.stderr
+    )
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "saved" / "models").exists()
+
+
+def test_a_teacher_of_two_swapped_classes_is_refused(tmp_path):
+    names = list(SyntheticShapes.classes)
+    names[0], names[1] = names[1], names[0]
+    result = run_main(
+        "train.py", "-c", str(distill_config(tmp_path, teacher_of(tmp_path, 10, names)))
+    )
+    assert result.returncode == 2
+    assert f"class 0 is {names[0]!r} there, {names[1]!r} here;" in result.stderr

@@ -11,6 +11,7 @@ engine, the validation step (the student alone) and everything else are Trainer'
 """
 
 import copy
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import model.model as arch_module
-from base import StepOutput
+from base import BaseDataLoader, StepOutput
 from parse_config import ConfigParser
 from trainer.trainer import Trainer
 from utils import ConfigValueError, unwrap_model
@@ -50,17 +51,9 @@ class DistillationTrainer(Trainer):
         self.teacher: torch.nn.Module | None = None
         if self.optimizer is None:  # test.py: it evaluates the student alone, without a teacher
             return
-        self.teacher = load_teacher(Path(teacher)).to(self.device)
-        # The soft loss compares the two networks' scores class by class: another number of
-        # classes would fail deep inside kl_div at the first batch, naming neither network.
-        teacher_classes = getattr(self.teacher, "num_classes", None)
-        student_classes = getattr(unwrap_model(self.model), "num_classes", None)
-        if None not in (teacher_classes, student_classes) and teacher_classes != student_classes:
-            raise ConfigValueError(
-                f"teacher: {teacher} scores {teacher_classes} classes, the student "
-                f"(arch.args.num_classes) {student_classes}; distil from a teacher trained on "
-                "the same classes"
-            )
+        self.teacher, teacher_names = load_teacher(Path(teacher))
+        self.teacher.to(self.device)
+        check_classes(teacher, self.teacher, teacher_names, unwrap_model(self.model), self.data)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
         images, labels = batch  # (B, C, H, W), (B,)
@@ -85,10 +78,11 @@ class DistillationTrainer(Trainer):
         return StepOutput(loss=loss, output=output, target=labels)
 
 
-def load_teacher(path: Path) -> torch.nn.Module:
+def load_teacher(path: Path) -> tuple[torch.nn.Module, list[str]]:
     """The model a checkpoint of this template holds, built from its own config, frozen and in
     evaluation mode: the weights its run's monitor judged, as test.py loads them (the averaged
-    ones when trainer.monitor watched a val/ema_ metric)."""
+    ones when trainer.monitor watched a val/ema_ metric); and the names of its classes (none
+    for a task without classes, or an old checkpoint)."""
     if not path.is_file():
         raise ConfigValueError(
             f"teacher: {path} not found; train a teacher first, e.g. python train.py "
@@ -104,4 +98,35 @@ def load_teacher(path: Path) -> torch.nn.Module:
     teacher = ConfigParser(config, source=str(path)).init_obj("arch", arch_module)
     load_model_state(teacher, state, path, ema=use_averaged_weights(state, "auto"))
     teacher.requires_grad_(False)
-    return teacher.eval()
+    return teacher.eval(), list(state.get("class_names") or [])
+
+
+def check_classes(
+    path: str,
+    teacher: torch.nn.Module,
+    teacher_names: list[str],
+    student: torch.nn.Module,
+    data: BaseDataLoader,
+) -> None:
+    """Refuse a teacher that scores other classes than the student: the soft loss compares their
+    scores class by class. Another number of them would fail deep inside kl_div at the first
+    batch, naming neither network; other names, or the same in another order (ImageFolder sorts
+    its folders), would train silently on the wrong targets."""
+    teacher_count = getattr(teacher, "num_classes", None)
+    student_count = getattr(student, "num_classes", None)
+    if None not in (teacher_count, student_count) and teacher_count != student_count:
+        raise ConfigValueError(
+            f"teacher: {path} scores {teacher_count} classes, the student "
+            f"(arch.args.num_classes) {student_count}; distil from a teacher trained on the "
+            "same classes"
+        )
+    data_names = list(data.class_names())
+    if teacher_names and data_names and teacher_names != data_names:
+        pairs = enumerate(itertools.zip_longest(teacher_names, data_names))
+        index, names = next((i, pair) for i, pair in pairs if pair[0] != pair[1])
+        theirs, ours = ("none" if name is None else repr(name) for name in names)
+        raise ConfigValueError(
+            f"teacher: {path} was trained on other classes than this data's: class {index} is "
+            f"{theirs} there, {ours} here; distil from a teacher trained on the same classes, "
+            "in the same order"
+        )
