@@ -556,3 +556,20 @@ def test_a_teacher_of_two_swapped_classes_is_refused(tmp_path):
     )
     assert result.returncode == 2
     assert f"class 0 is {names[0]!r} there, {names[1]!r} here;" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "damaged"])
+def test_a_teacher_that_is_no_checkpoint_file_is_named_for_what_it_is(tmp_path, kind):
+    """A run folder, or a damaged file, given as the teacher: one line saying what it is (and for
+    a folder which file to pass), not that nothing is there."""
+    teacher = teacher_of(tmp_path, 10)
+    if kind == "folder":
+        expected = f"{tmp_path}: a folder, not a checkpoint file; pass a checkpoint in it"
+        teacher = tmp_path
+    else:
+        teacher.write_bytes(teacher.read_bytes()[:100])
+        expected = f"{teacher}: not a readable checkpoint"
+    result = run_main("train.py", "-c", str(distill_config(tmp_path, teacher)))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: {tmp_path / 'distill.json'}: trainer.args: teacher: ")
+    assert expected in result.stderr and result.stderr.count("\n") == 1

@@ -24,7 +24,7 @@ from base import BaseDataLoader, StepOutput
 from parse_config import ConfigParser
 from trainer.trainer import Trainer
 from utils import ConfigValueError, unwrap_model
-from utils.state.checkpoint import load_checkpoint, use_averaged_weights
+from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
 from utils.state.model_state import load_model_state
 
 
@@ -83,12 +83,15 @@ def load_teacher(path: Path) -> tuple[torch.nn.Module, list[str]]:
     evaluation mode: the weights its run's monitor judged, as test.py loads them (the averaged
     ones when trainer.monitor watched a val/ema_ metric); and the names of its classes (none
     for a task without classes, or an old checkpoint)."""
-    if not path.is_file():
+    if not path.exists():
         raise ConfigValueError(
             f"teacher: {path} not found; train a teacher first, e.g. python train.py "
             "-c configs/demo.json --run-id teacher"
         )
-    state = load_checkpoint(path, map_location="cpu")
+    try:
+        state = load_checkpoint(path, map_location="cpu")  # a folder: it names a file to pass
+    except CheckpointError as error:  # named as the config's key, as "not found" is
+        raise ConfigValueError(f"teacher: {error}") from None
     config = copy.deepcopy(state["config"])
     arch_args = config.get("arch", {}).get("args", {})
     if arch_args.get("weights") is not None:
