@@ -83,8 +83,9 @@ def check_first_batch(trainer: "BaseTrainer") -> None:
 def run_step(trainer: "BaseTrainer", batch: Any, where: str, step: Callable) -> float:
     """`step` on the batch in evaluation mode without gradients, the random state untouched,
     and its output through every metric; a RuntimeError or ValueError (what does not fit) is
-    a DataError naming the batch. Returns the training FLOPs per sample: three times the
-    forward's, which FlopCounterMode counts (the backward costs about twice the forward)."""
+    a DataError naming the batch. Returns the training FLOPs per sample that FlopCounterMode
+    counts: the step's, plus twice those of the trained model's forward (its backward costs
+    about twice its forward; a frozen teacher's forward, or the loss, has no backward)."""
     device = trainer.device
     forked = [device] if device.type == "cuda" else []
     try:
@@ -95,11 +96,34 @@ def run_step(trainer: "BaseTrainer", batch: Any, where: str, step: Callable) -> 
                 torch.autocast(device.type, trainer.amp_dtype, trainer.amp_dtype is not None),
                 FlopCounterMode(display=False) as counter,
             ):
-                result = step(moved)
+                model_flops, result = forward_flops(trainer.model, counter, step, moved)
             MetricSums(trainer.metric_fns, device).add(result)
             size = result.batch_size if result.batch_size is not None else len(result.target)
-            return 3 * counter.get_total_flops() / max(int(size), 1)
+            return (counter.get_total_flops() + 2 * model_flops) / max(int(size), 1)
     except (RuntimeError, ValueError) as error:
         raise DataError(
             f"{where} does not fit the model, the loss or the metrics: {describe_error(error)}"
         ) from None
+
+
+def forward_flops(
+    model: torch.nn.Module, counter: FlopCounterMode, step: Callable, batch: Any
+) -> tuple[int, Any]:
+    """(the FLOPs `counter` counted inside `model`'s forward passes, step(batch)'s result)."""
+    flops = 0
+
+    def before(module: torch.nn.Module, inputs: Any) -> None:
+        nonlocal flops
+        flops -= counter.get_total_flops()
+
+    def after(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        nonlocal flops
+        flops += counter.get_total_flops()
+
+    handles = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    try:
+        result = step(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return flops, result

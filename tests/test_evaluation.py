@@ -458,9 +458,9 @@ def test_dense_metric_arguments_that_cannot_work_are_refused(args, message):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({"num_train": 4e3}, "num_train must be a positive integer, got 4000.0"),  # JSON's 4e3
-        ({"num_train": -5}, "num_train must be a positive integer, got -5"),
-        ({"num_test": 0}, "num_test must be a positive integer, got 0"),
+        ({"num_train": 4e3}, "num_train must be an integer >= 1, got 4000.0"),  # JSON's 4e3
+        ({"num_train": -5}, "num_train must be an integer >= 1, got -5"),
+        ({"num_test": 0}, "num_test must be an integer >= 1, got 0"),
         ({"noise_std": "0.2"}, "noise_std must be a number > 0, got '0.2'"),
         ({"noise_std": 0}, "noise_std must be a number > 0, got 0"),
     ],

@@ -12,9 +12,11 @@ import torch
 from conftest import ROOT, run_main, shrink
 from torch.utils.flop_counter import FlopCounterMode
 
+from base.checks import run_step
 from base.intervals import epoch_speed
 from model.fast_cifar import FastCifarCNN
 from model.model import CifarCNN
+from utils.evaluation.metric_sums import StepOutput
 from utils.state.checkpoint import load_checkpoint
 
 
@@ -70,6 +72,25 @@ def test_the_counted_flops_are_three_times_the_forward_of_the_simple_cifar_netwo
     with steps_csv.open() as file:
         rows = list(csv.DictReader(file))
     assert rows and all(float(row["time/step_flops_per_second"]) > 0 for row in rows)
+
+
+def test_a_frozen_teachers_forward_counts_once_and_the_trained_models_three_times():
+    """Distillation's step runs a teacher without a backward: its forward is counted once, the
+    student's three times (forward and a backward of about twice it). It counted 3 x both."""
+    student, teacher = torch.nn.Linear(64, 10), torch.nn.Linear(64, 1000)
+    images, labels = torch.randn(8, 64), torch.zeros(8, dtype=torch.int64)
+
+    def step(batch: tuple) -> StepOutput:
+        inputs, target = batch
+        output = student(inputs)
+        return StepOutput(loss=teacher(inputs).sum() + output.sum(), output=output, target=target)
+
+    trainer = SimpleNamespace(
+        device=torch.device("cpu"), model=student, options={"channels_last": False},
+        amp_dtype=None, metric_fns={},
+    )  # fmt: skip
+    flops = run_step(trainer, (images, labels), "batch 1", step)
+    assert flops == 3 * (2 * 64 * 10) + 2 * 64 * 1000  # per sample; the sums are not counted
 
 
 def test_mfu_is_the_achieved_flops_against_the_devices_peak(monkeypatch):
