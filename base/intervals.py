@@ -102,7 +102,9 @@ def epoch_speed(trainer: "BaseTrainer", metrics: dict[str, float], train_seconds
     """The epoch's time/ metrics: samples per second (of all ranks), the share of the time spent
     waiting for data, and with the FLOPs per sample counted (base/checks.py) the FLOP/s achieved
     and the model FLOP utilisation against the devices' peak, where it is known."""
-    rate = metrics.pop("train/num_samples") / train_seconds
+    # After a mid-epoch resume train_seconds is this part's: so are the samples it counts.
+    trained = metrics.pop("train/num_samples") - metrics.pop("train/num_resumed_samples", 0.0)
+    rate = trained / train_seconds
     metrics["time/train_samples_per_second"] = rate
     # Near 1, the input pipeline is the bottleneck (more num_workers, faster transforms).
     metrics["time/data_wait_fraction"] = trainer.data_wait_seconds / train_seconds

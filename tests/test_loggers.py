@@ -1,5 +1,6 @@
-"""trainer.loggers: the CSV files across resumes, the fan-out and a failing logger, the confusion
-matrix (its math, test.py's report and image), and W&B / MLflow read back when installed."""
+"""trainer.loggers: the CSV files across resumes, the fan-out and a failing logger, samples/s
+after a resume, the confusion matrix (its math, test.py's report and image), and W&B / MLflow
+read back when installed."""
 
 import csv
 import importlib.util
@@ -8,20 +9,25 @@ import logging
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import ENTRY_POINTS, ROOT, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import base.base_trainer
 import data_loader.data_loaders as data_module
 import train
+from base.intervals import epoch_speed
 from logger import ExperimentLogger, Loggers, check_logger_packages
 from logger.csv_logger import CsvLogger
 from parse_config import ConfigError, ConfigParser
 from utils import UserError
 from utils.evaluation.confusion import ConfusionMatrix, class_scores, draw_confusion_matrix
-from utils.evaluation.metric_sums import StepOutput
+from utils.evaluation.metric_sums import MetricSums, StepOutput
 
 RUN = Path("models") / "Demo_CifarCNN"
 
@@ -262,6 +268,59 @@ def test_csv_rows_equal_the_checkpoints_after_a_stop_and_two_resumes(stop_at, tm
     assert image_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     events = EventAccumulator(str(log_dir)).Reload()
     assert [event.step for event in events.Images("test.py/val_confusion_matrix")] == [16]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 32), min_size=2, max_size=12), st.data())
+def test_samples_per_second_counts_the_samples_trained_in_the_time_measured(sizes, data):
+    """An epoch resumed from a mid-epoch checkpoint measures only the time of its own batches:
+    its samples/s counts those, not the samples its restored sums hold (trained before)."""
+    stop = data.draw(st.integers(1, len(sizes) - 1))  # batches before the checkpoint
+    cpu, trainer = torch.device("cpu"), SimpleNamespace(flops_per_sample=None, data_wait_seconds=0)
+
+    def samples_per_second(sums: MetricSums, batch_sizes: list[int]) -> float:
+        for size in batch_sizes:
+            sums.add(StepOutput(torch.tensor(0.5), batch_size=size))
+        metrics = sums.result("train")
+        epoch_speed(trainer, metrics, train_seconds=2.0)
+        assert not any("num_" in key for key in metrics)  # counts are not logged
+        return metrics["time/train_samples_per_second"]
+
+    assert samples_per_second(MetricSums({}, cpu), sizes) == sum(sizes) / 2.0
+    before = MetricSums({}, cpu)
+    samples_per_second(before, sizes[:stop])
+    resumed = MetricSums({}, cpu, before.state_dict())
+    assert samples_per_second(resumed, sizes[stop:]) == sum(sizes[stop:]) / 2.0
+
+
+class SecondStopwatch:
+    """A Stopwatch whose every measure is one second: samples/s is then the samples counted."""
+
+    def __init__(self, device: torch.device) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> float:
+        return 1.0
+
+
+def test_samples_per_second_after_a_mid_epoch_resume_counts_the_resumed_part(
+    stop_at, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(base.base_trainer, "Stopwatch", SecondStopwatch)
+    run_dir = stopped_and_resumed(tmp_path, ["csv"])  # 8 batches of 32, stopped after batch 3
+    rates = [
+        torch.load(run_dir / f"checkpoint-epoch{epoch}.pth", weights_only=True)["metrics"][
+            "time/train_samples_per_second"
+        ]
+        for epoch in (1, 2)
+    ]
+    assert rates == [8 * 32, 5 * 32]  # epoch 2 was 256 before: the 3 batches before the stop
+    log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "run"
+    rows = read_csv(log_dir / "metrics.csv")
+    assert [float(row["time/train_samples_per_second"]) for row in rows] == rates
 
 
 def wandb_history(run_dir: Path) -> list[dict]:

@@ -120,6 +120,8 @@ class MetricSums:
                     device, self.dtype
                 )
             self.logged = initial["logged"].tolist()
+        # Samples the initial sums hold: trained before the resume, in time not measured now.
+        self.num_resumed = 0.0 if initial is None else float(initial["totals"][-1])
         # The first step whose loss was not finite (0: none yet), kept on the device.
         self.first_nonfinite = torch.zeros((), dtype=torch.int64, device=device)
         # Whether a step had an output for the metrics: without one (StepOutput.output None in
@@ -197,14 +199,19 @@ class MetricSums:
     def result(self, prefix: str) -> dict[str, float]:
         """{"<prefix>/loss": ..., "<prefix>/<metric>": ..., "<prefix>/num_samples": n} over every
         rank (a collective); without any output for the metrics (StepOutput.output None), the
-        loss and the count alone."""
+        loss and the count alone. After a mid-epoch resume, "<prefix>/num_resumed_samples" is
+        how many of the n the checkpoint's sums held (the samples/s counts the others)."""
         totals = self.all_ranks()
         # Agreed by every rank: one without batches must still join the metrics' collectives.
         scored = bool(all_reduce_max(torch.tensor(int(self.scored), device=self.totals.device)))
         if scored or not self.metric_fns:
-            return to_metrics(totals, self.metric_fns, prefix)
-        return {f"{prefix}/loss": float(totals[0] / totals[-1]),
-                f"{prefix}/num_samples": float(totals[-1])}  # fmt: skip
+            result = to_metrics(totals, self.metric_fns, prefix)
+        else:
+            result = {f"{prefix}/loss": float(totals[0] / totals[-1]),
+                      f"{prefix}/num_samples": float(totals[-1])}  # fmt: skip
+        if self.num_resumed:
+            result[f"{prefix}/num_resumed_samples"] = self.num_resumed
+        return result
 
 
 def to_metrics(totals: torch.Tensor, metrics: dict[str, Any], prefix: str) -> dict[str, float]:
