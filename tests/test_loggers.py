@@ -7,7 +7,9 @@ import importlib.util
 import json
 import logging
 import signal
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +24,7 @@ import base.base_trainer
 import data_loader.data_loaders as data_module
 import train
 from base.intervals import epoch_speed
-from logger import ExperimentLogger, Loggers, check_logger_packages
+from logger import ExperimentLogger, Loggers, TensorboardLogger, check_logger_packages
 from logger.csv_logger import CsvLogger
 from parse_config import ConfigError, ConfigParser
 from utils import UserError
@@ -321,6 +323,70 @@ def test_samples_per_second_after_a_mid_epoch_resume_counts_the_resumed_part(
     log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "run"
     rows = read_csv(log_dir / "metrics.csv")
     assert [float(row["time/train_samples_per_second"]) for row in rows] == rates
+
+
+def read_scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of a tag as TensorBoard shows it: event files read in name order, each
+    purge_step hiding the steps from it on that the files before it hold."""
+    events = EventAccumulator(str(log_dir)).Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def write_last(log_dir: Path, name: str, start_step: int | None, write: Callable) -> None:
+    """write(TensorboardLogger(log_dir, start_step)), its event file then renamed to sort after
+    the folder's others, as one opened a second later would (they are read in name order)."""
+    before = set(log_dir.glob("events.out.tfevents.*"))
+    writer = TensorboardLogger(log_dir, start_step)
+    write(writer)
+    writer.close(finished=True)
+    (new,) = set(log_dir.glob("events.out.tfevents.*")) - before
+    new.rename(log_dir / f"events.out.tfevents.9999999999.{name}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 12), st.data())
+def test_tensorboard_shows_each_step_once_and_test_py_hides_none(num_steps, data):
+    """A resume at step S hides what a part cut short logged after S (each step shows once, the
+    resumed values); test.py's image, at any checkpoint's step, hides none of the curves."""
+    resume_at = data.draw(st.integers(0, num_steps))
+    image_step = data.draw(st.integers(0, num_steps + 2))
+    with tempfile.TemporaryDirectory() as folder:
+        log_dir = Path(folder)
+        first = TensorboardLogger(log_dir, 0)  # a run cut short after num_steps steps
+        for step in range(1, num_steps + 1):
+            first.log_scalars({"val/loss": step}, step)
+        first.close(finished=False)
+
+        def resumed(writer: TensorboardLogger) -> None:  # from its checkpoint at resume_at
+            for step in range(resume_at + 1, num_steps + 2):
+                writer.log_scalars({"val/loss": -step}, step)
+
+        write_last(log_dir, "resumed", resume_at, resumed)
+        expected = [
+            (step, step if step <= resume_at else -step) for step in range(1, num_steps + 2)
+        ]
+        assert read_scalars(log_dir, "val/loss") == expected
+        image = torch.zeros(3, 2, 2)
+        write_last(
+            log_dir, "test", None, lambda writer: writer.log_image("test", image, image_step)
+        )
+        assert read_scalars(log_dir, "val/loss") == expected
+
+
+def test_test_py_keeps_the_training_curves_of_the_run_it_adds_an_image_to(tmp_path):
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert train.main(["-c", str(path), "--run-id", "run"]) == 0  # 2 epochs of 8 steps
+    log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "run"
+    before = read_scalars(log_dir, "val/loss")
+    assert [step for step, _ in before] == [8, 16]
+    time.sleep(1.01 - time.time() % 1.0)  # test.py's event file sorts after the run's
+    checkpoint = tmp_path / "saved" / RUN / "run" / "checkpoint-epoch1.pth"
+    assert ENTRY_POINTS["test"].main(["-r", str(checkpoint), "--split", "val"]) == 0
+    events = EventAccumulator(str(log_dir)).Reload()
+    assert [event.step for event in events.Images("test.py/val_confusion_matrix")] == [8]
+    assert read_scalars(log_dir, "val/loss") == before  # were hidden from step 1 on
 
 
 def wandb_history(run_dir: Path) -> list[dict]:
