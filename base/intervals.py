@@ -33,22 +33,22 @@ class Progress:
         self.trainer, self.epoch, self.last_step = trainer, epoch, last_step
         self.tqdm = tqdm(total=last_step, initial=first_batch, disable=not self.bar, leave=False)
         self.tqdm.set_description(f"epoch {epoch}/{trainer.epochs}")
-        self.since, self.batch_at = time.perf_counter(), first_batch
-        self.read_at, self.read_batch = self.since, first_batch  # the last log_step read
+        # Samples are the epoch's MetricSums.num_added, which counts from 0 in this part.
+        self.since, self.samples_at = time.perf_counter(), 0
+        self.read_at, self.read_samples = self.since, 0  # the last log_step read
 
-    def update(self, step: int, loss: float) -> None:
+    def update(self, step: int, loss: float, num_added: int) -> None:
         self.tqdm.set_postfix(loss=f"{loss:.4f}")
         self.tqdm.update(step - self.tqdm.n)
         now = time.perf_counter()
         if self.every is None or now - self.since < self.every or step == self.last_step:
             return
-        loader = self.trainer.train_loader
-        samples = (step - self.batch_at) * loader.batch_size * self.trainer.data.num_replicas
+        samples = (num_added - self.samples_at) * self.trainer.data.num_replicas
         self.trainer.logger.info(
             "epoch %d/%d  batch %d/%d  loss %.4g  %.4g samples/s",
             self.epoch, self.trainer.epochs, step, self.last_step, loss, samples / (now - self.since),
         )  # fmt: skip
-        self.since, self.batch_at = now, step
+        self.since, self.samples_at = now, num_added
 
     def close(self) -> None:
         self.tqdm.close()
@@ -71,14 +71,15 @@ def log_interval(
     if trainer.step_per_batch:
         values["train/lr"] = trainer.optimizer.param_groups[0]["lr"]
     if trainer.flops_per_sample:  # since the last read (its sync ended the batches before it)
-        now, loader = time.perf_counter(), trainer.train_loader
-        samples = (step - progress.read_batch) * loader.batch_size * trainer.data.num_replicas
+        # The batches' own sizes, not batch_size: a pass's last batch may be short.
+        now, num_added = time.perf_counter(), sums.num_added
+        samples = (num_added - progress.read_samples) * trainer.data.num_replicas
         values["time/step_flops_per_second"] = (
             trainer.flops_per_sample * samples / (now - progress.read_at)
         )
-        progress.read_at, progress.read_batch = now, step
+        progress.read_at, progress.read_samples = now, num_added
     trainer.loggers.log_step(values, step=trainer.global_step, epoch=epoch, batch=step)
-    progress.update(step, interval_loss)
+    progress.update(step, interval_loss, sums.num_added)
     return stop_signum
 
 

@@ -16,14 +16,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ENTRY_POINTS, ROOT, shrink
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import base.base_trainer
+import base.intervals
 import data_loader.data_loaders as data_module
 import train
-from base.intervals import epoch_speed
+from base.intervals import Progress, epoch_speed, log_interval
 from logger import ExperimentLogger, Loggers, TensorboardLogger, check_logger_packages
 from logger.csv_logger import CsvLogger
 from parse_config import ConfigError, ConfigParser
@@ -120,6 +121,37 @@ def test_every_logger_gets_the_same_values_and_a_failing_one_is_dropped_with_one
         "Logger failing failed (OSError: [Errno 28] No space left on device): it logs nothing "
         "more; training goes on."
     ]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 60), st.integers(1, 5))
+@example(batch_size=32, num_samples=80, log_step=1)  # was 32 samples, not 16, at the last read
+def test_step_flops_per_second_counts_the_samples_of_the_batches_read(
+    batch_size, num_samples, log_step
+):
+    """time/step_flops_per_second at each log_step read is the FLOPs of the samples trained
+    since the read before, per second: the last batch of the data counts its own samples."""
+    sizes = [min(batch_size, num_samples - start) for start in range(0, num_samples, batch_size)]
+    recorder, clock = Recorder("recorder"), SimpleNamespace(now=0.0)
+    trainer = SimpleNamespace(
+        options={"verbosity": 0, "progress_seconds": 0}, rank=0, epochs=1,
+        stop=SimpleNamespace(signum=None), step_per_batch=False, flops_per_sample=10.0,
+        train_loader=SimpleNamespace(batch_size=batch_size), data=SimpleNamespace(num_replicas=1),
+        loggers=recorder, global_step=0,
+    )  # fmt: skip
+    sums, expected, since_read = MetricSums({}, torch.device("cpu")), [], 0
+    with pytest.MonkeyPatch.context() as patch:  # a clock a second further at every read
+        patch.setattr(base.intervals, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+        progress = Progress(trainer, 1, 0, len(sizes))
+        for step, size in enumerate(sizes, start=1):
+            sums.add(StepOutput(torch.tensor(0.5), batch_size=size))
+            since_read += size
+            if step % log_step == 0 or step == len(sizes):
+                clock.now += 1.0
+                log_interval(trainer, 1, step, sums, progress)
+                expected.append(10.0 * since_read)
+                since_read = 0
+    assert [call[1]["time/step_flops_per_second"] for call in recorder.calls] == expected
 
 
 def test_logger_names_are_checked_and_a_missing_package_is_named(make_config, monkeypatch, capsys):

@@ -127,11 +127,15 @@ class MetricSums:
         # Whether a step had an output for the metrics: without one (StepOutput.output None in
         # every step) result() reports the loss alone, not metrics of nothing.
         self.scored = False
+        # The samples add() took on this rank, counted on the host (their sizes are host ints):
+        # what the speed of a stretch of batches counts, the last batch of a pass maybe short.
+        self.num_added = 0
 
     @torch.no_grad()
     def add(self, step: StepOutput, index: int = 0) -> None:
         """Add a step's sums; `index` (> 0) numbers the step, for the non-finite check."""
         size = step.batch_size if step.batch_size is not None else len(step.target)
+        self.num_added += size
         # torch.full fills on the device; a host scalar copied over would wait for the GPU.
         batch_size = torch.full((), size, dtype=self.dtype, device=self.totals.device)
         sums = [(step.loss.detach().to(self.dtype) * batch_size).reshape(1)]
