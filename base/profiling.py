@@ -26,19 +26,26 @@ def profiling(trainer: "BaseTrainer") -> Iterator[None]:
         return
     wait, warmup, active = options["profile"]
     out = trainer.config.log_dir / ("profile" if rank == 0 else f"profile-rank{rank}")
-    cuda = trainer.device.type == "cuda"
+    cuda, first = trainer.device.type == "cuda", wait + warmup + 1
+    saved = []
 
     def save(profiler: torch.profiler.profile) -> None:
+        if profiler.step_num < first:  # stopped while waiting or warming up: nothing recorded
+            return
         out.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(out / "trace.json"))
         sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort, row_limit=15)
         (out / "top_operators.txt").write_text(table + "\n")
-        first = wait + warmup + 1
+        # step_num: the batches stepped so far; fewer than the window when the run ended in it
+        # (the profiler stopped with the block, and saved what it recorded).
+        last = min(first + active - 1, profiler.step_num)
+        ended = "" if last == first + active - 1 else " (the run ended inside the window)"
         trainer.logger.info(
-            "Profile of training batches %d-%d: %s (Perfetto, chrome://tracing); the top "
-            "operators:\n%s", first, first + active - 1, out / "trace.json", table,
+            "Profile of training batches %d-%d%s: %s (Perfetto, chrome://tracing); the top "
+            "operators:\n%s", first, last, ended, out / "trace.json", table,
         )  # fmt: skip
+        saved.append(out)
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
@@ -50,6 +57,12 @@ def profiling(trainer: "BaseTrainer") -> Iterator[None]:
             yield
         finally:
             trainer.profiler = None
+    if not saved:  # the window began after the run's last batch: nothing was recorded
+        trainer.logger.warning(
+            "trainer.profile %s: the run trained %d batches, the window records from batch %d "
+            "on: no profile written; lower wait and warmup", [wait, warmup, active],
+            profiler.step_num, first,
+        )  # fmt: skip
 
 
 def profiled(profiler: torch.profiler.profile | None, batches: Iterable[Item]) -> Iterable[Item]:

@@ -3,13 +3,17 @@ batches writes a trace Perfetto opens and the top operators, on rank 0; on or of
 trains the same weights; off, no profiler is made and the batches are the loader's own."""
 
 import json
+import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import ROOT, run_main, run_script, shrink
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from base.profiling import profiled
+from base.profiling import profiled, profiling
 
 RUN = Path("Demo_CifarCNN")
 
@@ -55,3 +59,39 @@ def test_a_bad_profile_window_is_one_line(tmp_path, window):
     result = run_main("train.py", "-c", str(demo(tmp_path, profile=window)))
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "trainer.profile: must be [wait, warmup, active]" in result.stderr
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 3), st.integers(0, 2), st.integers(1, 3), st.integers(1, 7))
+@example(wait=5, warmup=2, active=5, num_batches=4)  # wrote nothing, said nothing
+@example(wait=2, warmup=1, active=3, num_batches=5)  # said batches 4-6 of a 5-batch run
+def test_the_profile_names_the_batches_it_recorded_or_warns_it_recorded_none(
+    wait, warmup, active, num_batches
+):
+    """A window past the run's last batch writes no profile and says so in a warning; one the
+    run ends inside is saved, its message naming the batches recorded, not the window's."""
+    with tempfile.TemporaryDirectory() as folder:
+        messages = []
+        logger = SimpleNamespace(
+            info=lambda text, *args: messages.append(("info", text % args)),
+            warning=lambda text, *args: messages.append(("warning", text % args)),
+        )
+        trainer = SimpleNamespace(
+            options={"profile": [wait, warmup, active], "profile_all_ranks": False}, rank=0,
+            config=SimpleNamespace(log_dir=Path(folder)), device=torch.device("cpu"),
+            logger=logger, profiler=None,
+        )  # fmt: skip
+        with profiling(trainer):
+            for _ in profiled(trainer.profiler, range(num_batches)):
+                torch.ones(4).sum()
+        first = wait + warmup + 1
+        written = (Path(folder) / "profile" / "trace.json").exists()
+        ((kind, text),) = messages
+        if num_batches < first:
+            assert not written and kind == "warning"
+            assert f"the run trained {num_batches} batches" in text
+        else:
+            last = min(first + active - 1, num_batches)
+            assert written and kind == "info"
+            assert text.startswith(f"Profile of training batches {first}-{last}")
+            assert ("ended inside the window" in text) == (last < first + active - 1)
