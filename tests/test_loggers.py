@@ -83,6 +83,33 @@ def test_csv_logger_adds_a_new_key_as_a_column(tmp_path):
     assert lines == ["epoch,step,val/loss,val/ema_loss", "1,4,0.5,", "2,8,0.25,0.3"]
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_metrics_csv_holds_each_epoch_once_its_values_exact_under_their_own_keys(data):
+    """Rows of changing keys (a metric only some epochs have), any float: read back, each row
+    holds its own values, exactly (repr round-trips), and an empty cell for a key it lacked;
+    after a resume from any earlier epoch, each epoch once, the resumed run's rows last."""
+    value = st.floats(allow_nan=False)
+    keys = ["val/loss", "val/ema_loss", "val/iou/cat", "time/mfu"]
+    row = st.fixed_dictionaries({}, optional=dict.fromkeys(keys, value))
+    epochs = data.draw(st.integers(1, 5))
+    resume_at = data.draw(st.integers(0, epochs))  # the resumed checkpoint's epoch
+    first = {epoch: (10 * epoch, data.draw(row)) for epoch in range(1, epochs + 1)}
+    again = {epoch: (10 * epoch + 1, data.draw(row)) for epoch in range(resume_at + 1, epochs + 2)}
+    with tempfile.TemporaryDirectory() as folder:
+        for epochs_done, logged in ((0, first), (resume_at, again)):
+            logger = CsvLogger(Path(folder), epochs_done, 0)
+            for epoch, (step, metrics) in logged.items():
+                logger.log_epoch(metrics, step=step, epoch=epoch)
+            logger.close(finished=True)
+        read = read_csv(Path(folder) / "metrics.csv")
+    expected = {epoch: first[epoch] for epoch in range(1, resume_at + 1)} | again
+    assert [int(row.pop("epoch")) for row in read] == list(expected)
+    for cells, (step, metrics) in zip(read, expected.values(), strict=True):
+        assert int(cells.pop("step")) == step
+        assert {key: float(text) for key, text in cells.items() if text} == metrics
+
+
 class Recorder(ExperimentLogger):
     """Keeps every call; fails from its `fail_at`-th call on, as a full disk would."""
 
