@@ -17,8 +17,9 @@ MAX_PARAM_LENGTH = 500  # characters of a parameter value every MLflow version s
 
 class SentSteps:
     """What was last sent to a tracking run, in <log_dir>/.<name>-sent.json: the (global step,
-    batch) of the last log_step row (steps only grow; the batch tells apart rows of one step
-    under gradient accumulation) and the last epoch's row. A resume sends only what comes after
+    epoch, batch) of the last log_step row (steps only grow; under gradient accumulation rows of
+    one step differ in batch, and in epoch where an epoch's first rows precede its first optimizer
+    step) and the last epoch's row. A resume sends only what comes after
     them: what a part of the run cut short had sent after its checkpoint stands (for an exact
     resume, the same values), and nothing reaches the run twice. Each mark is written before
     what it marks is sent."""
@@ -28,15 +29,16 @@ class SentSteps:
         try:
             mark = json.loads(self.path.read_text(encoding="utf-8"))
             assert mark["run"] == run_id
-            self.batch, self.epoch = tuple(mark["batch"]), int(mark["epoch"])
+            self.row, self.epoch = tuple(map(int, mark["row"])), int(mark["epoch"])
         except (OSError, ValueError, KeyError, TypeError, AssertionError):  # none, or another run's
-            self.batch, self.epoch = (-1, 0), 0
+            self.row, self.epoch = (-1, 0, 0), 0
 
-    def take_batch(self, step: int, batch: int) -> bool:
-        """Whether the log_step row at `step`, after `batch` batches, is new; marks it sent."""
-        if (step, batch) <= self.batch:
+    def take_batch(self, step: int, epoch: int, batch: int) -> bool:
+        """Whether the log_step row at `step`, after `batch` batches of `epoch`, is new; marks
+        it sent."""
+        if (step, epoch, batch) <= self.row:
             return False
-        self.batch = (step, batch)
+        self.row = (step, epoch, batch)
         self.save()
         return True
 
@@ -49,7 +51,7 @@ class SentSteps:
         return True
 
     def save(self) -> None:
-        mark = {"run": self.run_id, "batch": list(self.batch), "epoch": self.epoch}
+        mark = {"run": self.run_id, "row": list(self.row), "epoch": self.epoch}
         write_text_atomic(self.path, json.dumps(mark), durable=False)
 
 
@@ -59,7 +61,7 @@ class TrackingLogger(ScalarLogger):
     sent: SentSteps
 
     def log_step(self, values: dict[str, float], *, step: int, epoch: int, batch: int) -> None:
-        if self.sent.take_batch(step, batch):
+        if self.sent.take_batch(step, epoch, batch):
             self.log_scalars(values, step)
 
     def log_epoch(self, metrics: dict[str, float], *, step: int, epoch: int) -> None:

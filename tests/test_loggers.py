@@ -27,6 +27,7 @@ import train
 from base.intervals import Progress, epoch_speed, log_interval
 from logger import ExperimentLogger, Loggers, TensorboardLogger, check_logger_packages
 from logger.csv_logger import CsvLogger
+from logger.tracking import SentSteps, TrackingLogger
 from parse_config import ConfigError, ConfigParser
 from utils import UserError
 from utils.evaluation.confusion import ConfusionMatrix, class_scores, draw_confusion_matrix
@@ -108,6 +109,48 @@ def test_metrics_csv_holds_each_epoch_once_its_values_exact_under_their_own_keys
     for cells, (step, metrics) in zip(read, expected.values(), strict=True):
         assert int(cells.pop("step")) == step
         assert {key: float(text) for key, text in cells.items() if text} == metrics
+
+
+class SentRows(TrackingLogger):
+    """A tracker that keeps what it is sent."""
+
+    name = "tracker"
+
+    def __init__(self, log_dir: Path, received: list) -> None:
+        self.sent, self.received = SentSteps(log_dir, self.name, "run-1"), received
+
+    def log_scalars(self, values: dict[str, float], step: int) -> None:
+        self.received.append((step, int(values["epoch"]), int(values["batch"])))
+
+    def close(self, *, finished: bool) -> None:
+        pass
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 5), st.integers(1, 3), st.data())
+@example(batches=4, accumulate=2, log_step=1, epochs=2, data=None)  # lost epoch 2's batch 1
+def test_a_tracker_gets_every_row_once_across_a_crash_and_a_resume(
+    batches, accumulate, log_step, epochs, data
+):
+    """The log_step rows of any accumulation and log_step (an epoch's first rows may share the
+    step of the epoch before), sent by a part cut short after any row and a resume from any
+    earlier row: the tracker gets each row once, in order."""
+    rows, step = [], 0  # (global step after the batch, epoch, batch), as the loop logs them
+    for epoch in range(1, epochs + 1):
+        for batch in range(1, batches + 1):
+            step += batch % accumulate == 0 or batch == batches  # an optimizer step
+            if batch % log_step == 0 or batch == batches:
+                rows.append((step, epoch, batch))
+    crash = len(rows) if data is None else data.draw(st.integers(0, len(rows)))
+    resume = 0 if data is None else data.draw(st.integers(0, crash))  # its checkpoint's row
+    received = []
+    with tempfile.TemporaryDirectory() as folder:
+        for part in (rows[:crash], rows[resume:]):
+            tracker = SentRows(Path(folder), received)
+            for step, epoch, batch in part:
+                values = {"epoch": epoch, "batch": batch}
+                tracker.log_step(values, step=step, epoch=epoch, batch=batch)
+    assert received == rows
 
 
 class Recorder(ExperimentLogger):
