@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import train
 from parse_config import ConfigError, ConfigParser
@@ -784,3 +786,35 @@ def test_a_run_folder_with_other_files_but_no_checkpoint_is_refused(moved_run):
     with pytest.raises(UserError) as raised:
         find_resume_point(parser)
     assert str(raised.value) == f"{moved_run.parent}: no checkpoint-epoch*.pth in this run folder"
+
+
+def numeric_keys(node, prefix: str = "") -> list[str]:
+    """The dotted paths of every number in a config's objects (not true/false, not in lists)."""
+    if not isinstance(node, dict):
+        is_number = isinstance(node, int | float) and not isinstance(node, bool)
+        return [prefix[1:]] if is_number else []
+    return [key for name, value in node.items() for key in numeric_keys(value, f"{prefix}.{name}")]
+
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400", "-1e999"]
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data(), token=st.sampled_from(NON_FINITE), by_set=st.booleans())
+def test_no_config_number_may_be_nan_or_infinite(make_config, data, token, by_set):
+    """Python's json reads NaN, Infinity and 1e400 (as inf); a range check passes lr Infinity and
+    a NaN fails comparisons far from where it was written. Any number, in the file or by --set,
+    is refused in one line naming the token and where it was written."""
+    path = make_config()
+    config = json.loads(path.read_text())
+    dotted = data.draw(st.sampled_from(numeric_keys(config)))
+    if by_set:
+        message = parse_error(config=str(path), set=[f"{dotted}={token}"])
+        source = f"--set '{dotted}={token}'"
+    else:
+        edit(config, dotted, "@NON_FINITE@")
+        path.write_text(json.dumps(config).replace('"@NON_FINITE@"', token))
+        message, source = parse_error(config=str(path)), str(path)
+    assert message == f"{source}: {token} is not a finite number; a config holds finite ones"

@@ -7,6 +7,7 @@ config_schema.py gives each key one of these; a failed check reads
 import copy
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,20 @@ SAMPLERS = ("random", "sequential", "subset_random", "weighted")
 DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 Check = tuple[Callable[[Any], bool], str]
+
+
+def read_json(text: str, source: str) -> Any:
+    """json.loads without what Python's json reads beyond JSON: NaN, Infinity, -Infinity and a
+    number too large for a float (1e400 reads as inf). No config value may be one: a range check
+    passes lr Infinity, and a NaN fails every comparison far from where it was written."""
+
+    def refuse(token: str) -> float:
+        raise ConfigError(f"{source}: {token} is not a finite number; a config holds finite ones")
+
+    def finite(token: str) -> float:
+        return value if math.isfinite(value := float(token)) else refuse(token)
+
+    return json.loads(text, parse_constant=refuse, parse_float=finite)
 
 
 def _is_int(value: Any) -> bool:

@@ -32,6 +32,7 @@ from utils.config.config_checks import (
     check_metric_names,
     check_trainer,
     metric_names,
+    read_json,
 )
 from utils.config.monitor import parse_monitor
 from utils.util import ConfigError
@@ -55,7 +56,7 @@ def load_json(path: Path) -> dict:
     except OSError as error:
         raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
     try:
-        config = json.loads(text)
+        config = read_json(text, str(path))
     except json.JSONDecodeError as error:
         raise ConfigError(
             f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
@@ -75,7 +76,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if spelled := {"True": "true", "False": "false", "None": "null"}.get(raw_value):
         raise ConfigError(f"--set {text!r}: {raw_value} is no JSON; write {key_path}={spelled}")
     try:
-        value = json.loads(raw_value)
+        value = read_json(raw_value, f"--set {text!r}")
     except json.JSONDecodeError:
         value = raw_value
     return keys, value
