@@ -110,6 +110,37 @@ def test_where_the_rest_of_an_epoch_cannot_be_found_a_new_batch_size_is_refused(
     assert "resume with the old settings to finish epoch 2" in err
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        'data_loader.args.sampler="weighted"',
+        'data_loader.args.sampler="sequential"',
+        "data_loader.args.replacement=true",
+        "data_loader.args.num_samples=200",
+    ],
+)
+def test_another_training_order_inside_an_epoch_is_refused_and_loses_nothing(
+    change, stop_at, tmp_path, recorded_order, capsys
+):
+    """The rest of an epoch is where the epoch's order left off: in another order (another
+    sampler, draw or seed) it would train some samples twice and others not at all. Refused in
+    one line, the run folder untouched; at an epoch's end the change is taken."""
+    config = demo(tmp_path)
+    stop = ["--set", "trainer.args.stop_at_step=11"]  # 3 batches into epoch 2
+    assert train.main(["-c", str(config), "--run-id", "run", *stop]) == 143
+    run_dir = tmp_path / "saved" / RUN / "run"
+    files = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    go_on = ["--set", "trainer.args.stop_at_step=0", "--set", change]
+    assert train.main(["-r", str(run_dir), *go_on]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stopped inside epoch 2, and the training order's" in err
+    assert files == {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    # The same settings go on; the change is taken from the checkpoint of epoch 1.
+    epoch_one = run_dir / "checkpoint-epoch1.pth"
+    assert train.main(["-r", str(epoch_one), "--set", "trainer.epochs=2", *go_on]) == 0
+
+
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3), (3, 2)])
 @pytest.mark.parametrize("num_samples", [250, 256])
 def test_the_rest_of_an_epoch_is_shared_out_to_another_world_size(before, after, num_samples):

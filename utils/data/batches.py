@@ -61,6 +61,10 @@ def batch_geometry(config: "ConfigParser", loader: Loader) -> dict:
         "grad_accum_steps": config["trainer"]["grad_accum_steps"],
         "len_epoch": config["trainer"]["len_epoch"],
         "global_batch": global_batch(config, world_size()),
+        # Not a geometry: the settings of the epoch's order, which a mid-epoch resume keeps.
+        "order": (
+            loader.sampler.order_signature() if isinstance(loader.sampler, EpochSampler) else None
+        ),
     }
 
 

@@ -1,6 +1,7 @@
 """The epoch sampler: an order that depends only on (seed, epoch, pass), shared out to ranks;
 and the transformed view of a dataset that the loaders read in that order."""
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,6 +99,16 @@ class EpochSampler(Sampler[int]):
             permutations = [generator.permutation(count) for _ in range(num_permutations)]
             positions = np.concatenate(permutations)[: self.num_samples]
         return self.indices[positions]
+
+    def order_signature(self) -> str:
+        """A digest of what global_order draws with besides (epoch, pass) and the indices: the
+        seed, the draw and its weights. A mid-epoch resume under another would not find the rest
+        of its epoch in the new order (utils/state/resume.py refuses it)."""
+        drawn = (self.seed, self.replacement, self.num_samples) if self.shuffle else ()
+        digest = hashlib.sha256(repr((self.shuffle, *drawn)).encode())
+        if self.shuffle and self.weights is not None:  # as global_order draws with them
+            digest.update((self.weights / self.weights.sum()).tobytes())
+        return digest.hexdigest()[:16]
 
     @property
     def start(self) -> int:

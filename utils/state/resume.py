@@ -149,13 +149,28 @@ def place_in_epoch(trainer: "BaseTrainer", state: dict, path: object) -> None:
     after the same samples of the epoch's order, when the sampler can skip by samples (one
     pass per epoch, the template's EpochSampler): every sample once across the interruption.
     Otherwise a one-line refusal."""
-    position = trainer.state
+    position, epoch = trainer.state, trainer.start_epoch
     if not position.inside_epoch:
         return
+    saved_order, order = (state.get("geometry") or {}).get("order"), trainer.geometry.get("order")
+    # Another order is no place to go on from, unless the data changed too (check_data has
+    # refused that, or warned under --allow-data-change).
+    if (
+        saved_order
+        and order
+        and saved_order != order
+        and not data_change(state.get("data"), trainer.data_fingerprint)
+    ):
+        raise UserError(
+            f"{path}: stopped inside epoch {epoch}, and the training order's settings changed "
+            "(data_loader.args sampler, replacement, num_samples or class_weights, or seed): the "
+            f"rest of that epoch is not in the new order; resume with the old settings to finish "
+            f"epoch {epoch}, then change them (or resume from the checkpoint of epoch {epoch - 1})"
+        )
     changed = geometry_changes(state.get("geometry"), trainer.geometry)
     if not changed:  # or a format 1 checkpoint: batches only, in the geometry it was saved with
         return
-    saved, current, epoch = state["geometry"], trainer.geometry, trainer.start_epoch
+    saved, current = state["geometry"], trainer.geometry
     sampler = trainer.train_loader.sampler
     one_pass = saved["len_epoch"] is None and current["len_epoch"] is None
     if not (one_pass and isinstance(sampler, EpochSampler) and position.samples is not None):
