@@ -1,18 +1,24 @@
 """Samplers, k-fold splits and the checks and summary of the data before training, in-process:
 samplers and folds are checked on the indices they produce."""
 
+import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import NUM_EXAMPLES, run_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from torch.utils.data import Dataset
 
 from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.data_loaders import ImageFolderDataLoader
+from utils.config.config_checks import CLASS_WEIGHTS
 from utils.data.data_summary import log_data_summary
 
 
@@ -149,6 +155,48 @@ def test_class_weights_must_match_the_classes():
         Toy([0, 1], sampler="weighted", class_weights=[1, 1, 1]).train_sampler()
     with pytest.raises(DataError, match="every training sample has weight 0"):
         Toy([0, 1], sampler="weighted", class_weights=[0, 0]).train_sampler()
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_class_weights_the_config_accepts_draw_or_are_refused_in_one_line(num_examples):
+    """Any class_weights the config check lets through either draw (only classes of weight > 0)
+    or are a one-line DataError naming the key; an infinite weight (JSON's Infinity or 1e400)
+    used to pass the check and fail in numpy's draw, "Probabilities contain NaN"."""
+    accepts, _ = CLASS_WEIGHTS
+    labels = np.array([0] * 3 + [1] * 5 + [2] * 9)
+    weight = st.floats(min_value=0) | st.sampled_from([math.inf, 1e308, 1e-300])
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(st.lists(weight, min_size=3, max_size=3))
+    def check(weights: list[float]) -> None:
+        if not accepts(weights):
+            return
+        try:
+            order = drawn(
+                Toy(labels.tolist(), sampler="weighted", class_weights=weights).train_sampler()
+            )
+        except DataError as error:
+            message = str(error)
+            assert message.startswith("data_loader.args.class_weights: ") and "\n" not in message
+            return
+        assert len(order) == len(labels)
+        assert all(weights[label] > 0 for label in labels[order])
+
+    check()
+
+
+def test_an_infinite_class_weight_is_a_one_line_config_error(make_config, tmp_path):
+    config = json.loads(make_config().read_text())
+    config["data_loader"]["args"].update(sampler="weighted", class_weights=[1] * 9 + [math.inf])
+    path = tmp_path / "infinite.json"
+    path.write_text(json.dumps(config))  # the weight as JSON's Infinity
+    result = run_main("train.py", "-c", str(path))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == (
+        f"error: {path}: data_loader.args.class_weights: must be a list of one finite number >= 0 "
+        "per class, not all 0 or null, got [1, 1, 1, 1, 1, 1, 1, 1, 1, Infinity]"
+    )
+    assert not (tmp_path / "saved" / "models").exists()
 
 
 # --- k-fold splits ---------------------------------------------------------------------------

@@ -102,13 +102,15 @@ SAMPLER: Check = (
     lambda v: isinstance(v, str) and v in SAMPLERS,
     "one of " + ", ".join(json.dumps(name) for name in SAMPLERS),
 )
+# Finite: JSON's Infinity (or 1e400, which json reads as inf) would make the draw's
+# probabilities nan, and numpy's choice fail with a traceback.
 CLASS_WEIGHTS: Check = (
     lambda v: (
         isinstance(v, list)
-        and all(is_number(item) and item >= 0 for item in v)
+        and all(is_number(item) and 0 <= item < math.inf for item in v)
         and any(item > 0 for item in v)
     ),
-    "a list of one number >= 0 per class, not all 0",
+    "a list of one finite number >= 0 per class, not all 0",
 )
 FOLDS: Check = (lambda v: _is_int(v) and v >= 2, "an integer >= 2")
 # Parameter-name prefixes, e.g. ["network.conv1", "network.layer1"].

@@ -63,8 +63,18 @@ def class_weights(
         )
     else:
         weights = np.asarray(given, dtype=np.float64)
-    if not np.any(weights * counts > 0):
+    with np.errstate(over="ignore", invalid="ignore"):  # judged below, not warned about
+        per_class = weights * counts
+        total = float(np.sum(per_class))
+    if not np.any(per_class > 0):
         raise DataError("data_loader.args.class_weights: every training sample has weight 0")
+    # The sampler divides by the weights' sum over the samples: an infinite one (or one past
+    # float's range) makes every probability nan or 0, which numpy's draw fails on.
+    if not np.isfinite(total):
+        raise DataError(
+            f"data_loader.args.class_weights: {given} times the class counts sum to {total}, "
+            "not a finite number; give finite weights of a smaller scale (only ratios matter)"
+        )
     return weights
 
 
