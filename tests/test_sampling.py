@@ -284,6 +284,52 @@ def test_summary_warns_about_a_missing_class_and_overlapping_splits(caplog):
     assert "Training and validation data share 5 samples (e.g. index 0 " in warnings[1]
 
 
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_summary_warns_exactly_about_the_classes_the_training_data_lacks(num_examples):
+    """A validation_split may hold every sample of a rare class: the training data then has
+    none, which the summary only logged as a count of 0 while the weighted sampler drew the
+    other classes alone. It warns, naming exactly the classes of no training sample."""
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(st.lists(st.integers(0, 4), min_size=2, max_size=30), st.integers(1, 29))
+    def check(labels: list[int], num_val: int) -> None:
+        num_val = min(num_val, len(labels) - 1)
+        data = Toy(labels, sampler="weighted", validation_split=num_val)
+        train_indices, _ = data.split_indices()
+        absent = sorted(set(range(max(labels) + 1)) - set(np.array(labels)[train_indices]))
+        logger = logging.getLogger("test_summary_training_classes")
+        handler = ListHandler()
+        logger.addHandler(handler)
+        try:
+            log_data_summary(data, logger, epoch=1)
+        finally:
+            logger.removeHandler(handler)
+        warnings = [text for text in handler.messages if text.startswith("The training data")]
+        if not absent:
+            assert warnings == []
+            return
+        names = ", ".join(f"class{label}" for label in absent)
+        assert warnings == [
+            f"The training data has no samples of {len(absent)} class(es): {names}: the model "
+            "is never trained on them (no sampler can draw them)."
+        ]
+        assert not set(absent) & set(np.array(labels)[drawn(data.train_sampler())])
+
+    check()
+
+
+class ListHandler(logging.Handler):
+    """Keeps the messages of the records at WARNING and above (caplog is per test, not per
+    hypothesis example)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def test_labels_outside_the_model_classes_name_the_key_and_the_folder(tmp_path):
     root = make_image_folder(tmp_path / "images", ["a", "b", "c"])
     data = ImageFolderDataLoader(str(root), batch_size=2, seed=0, preset="cifar")

@@ -36,6 +36,17 @@ def log_data_summary(
 
     train_indices, _ = data.split_indices()
     logger.info("Training data: %s", counts("train", train_indices))
+    if names:
+        # Logged as a count of 0, it was easy to miss: a validation_split can take every sample
+        # of a rare class, and the weighted sampler then silently draws the others alone.
+        found = data_targets.class_counts(data, "train", train_indices, len(names))
+        missing = missing_classes(found, names)
+        if missing:
+            logger.warning(
+                "The training data has no samples of %s: the model is never trained on them "
+                "(no sampler can draw them).",
+                missing,
+            )
     source = data.validation_source()
     if source is not None:
         split, indices = source
@@ -45,14 +56,11 @@ def log_data_summary(
             counts(split, indices),
         )
         found = data_targets.class_counts(data, split, indices, len(names)) if names else []
-        missing = [name for label, name in enumerate(names) if not found[label]]
+        missing = missing_classes(found, names)
         if missing:
             logger.warning(
-                "The validation data has no samples of %d class(es): %s; their accuracy is not "
-                "measured.",
-                len(missing),
-                ", ".join(missing[:MAX_LISTED_CLASSES])
-                + (", ..." if len(missing) > MAX_LISTED_CLASSES else ""),
+                "The validation data has no samples of %s; their accuracy is not measured.",
+                missing,
             )
         # Splits made from one set must not share samples (a subclass may split its own way).
         shared = np.intersect1d(train_indices, indices) if split == "train" else []
@@ -76,6 +84,17 @@ def log_data_summary(
             len(drawn),
             class_shares(drawn, names),
         )
+
+
+def missing_classes(counts: np.ndarray, names: list[str]) -> str:
+    """'2 class(es): cat, dog' for the classes of count 0 (the first 20 listed); '' for none."""
+    missing = [name for label, name in enumerate(names) if not counts[label]]
+    if not missing:
+        return ""
+    listed = ", ".join(missing[:MAX_LISTED_CLASSES])
+    return (
+        f"{len(missing)} class(es): {listed}{', ...' if len(missing) > MAX_LISTED_CLASSES else ''}"
+    )
 
 
 def describe_validation(data: "BaseDataLoader") -> str:
