@@ -4,6 +4,7 @@ samplers and folds are checked on the indices they produce."""
 import json
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.data_loaders import ImageFolderDataLoader
 from utils.config.config_checks import CLASS_WEIGHTS
+from utils.data.batches import epoch_batches
 from utils.data.data_summary import log_data_summary
 
 
@@ -197,6 +199,176 @@ def test_an_infinite_class_weight_is_a_one_line_config_error(make_config, tmp_pa
         "per class, not all 0 or null, got [1, 1, 1, 1, 1, 1, 1, 1, 1, Infinity]"
     )
     assert not (tmp_path / "saved" / "models").exists()
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_weighted_draw_probabilities_are_sklearns_balanced_weights_or_the_given_ones(
+    num_examples,
+):
+    """Without class_weights each training sample is drawn with probability proportional to
+    scikit-learn's compute_class_weight("balanced") of its class (inverse class frequency, over
+    the training share only); with them, proportional to its class's given weight."""
+    sklearn = pytest.importorskip("sklearn.utils.class_weight")
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        st.lists(st.integers(0, 3), min_size=2, max_size=40),
+        st.integers(0, 20),
+        st.lists(st.integers(1, 5), min_size=4, max_size=4),
+    )
+    def check(labels: list[int], num_val: int, given_weights: list[int]) -> None:
+        num_val = min(num_val, len(labels) - 1)
+        data = Toy(labels, sampler="weighted", validation_split=num_val)
+        sampler = data.train_sampler()
+        train_labels = np.array(labels)[sampler.indices]
+        present = np.unique(train_labels)
+        balanced = sklearn.compute_class_weight("balanced", classes=present, y=train_labels)
+        expected = balanced[np.searchsorted(present, train_labels)]
+        np.testing.assert_allclose(
+            sampler.weights / sampler.weights.sum(), expected / expected.sum(), rtol=1e-12
+        )
+        num_classes = max(labels) + 1
+        weights = given_weights[:num_classes]
+        given_sampler = Toy(
+            labels, sampler="weighted", validation_split=num_val, class_weights=weights
+        ).train_sampler()
+        expected = np.array(weights, dtype=float)[train_labels]
+        np.testing.assert_allclose(
+            given_sampler.weights / given_sampler.weights.sum(), expected / expected.sum()
+        )
+
+    check()
+
+
+def test_class_weights_follow_the_image_folders_sorted_class_order(tmp_path):
+    """class_weights are in label order, the class folders sorted by name as ImageFolder sorts
+    them (upper case first, "a10" before "a2"), not in the order they were made."""
+    folders = ["b", "a", "C", "a2", "a10"]
+    root = make_image_folder(tmp_path / "images", folders, num_images=3)
+    data = ImageFolderDataLoader(
+        str(root), batch_size=2, seed=0, preset="cifar", sampler="weighted",
+        class_weights=[0, 0, 1, 0, 0],
+    )  # fmt: skip
+    assert data.class_names() == ["C", "a", "a10", "a2", "b"]
+    samples = data.dataset("train").samples
+    assert {Path(samples[index][0]).parent.name for index in drawn(data.train_sampler())} == {"a10"}
+
+
+def batch_indices(loader, epoch: int, first_batch: int, len_epoch: int, **kwargs) -> list:
+    """The sample indices of each batch epoch_batches yields (Toy's inputs carry them)."""
+    batches = epoch_batches(loader, epoch, first_batch, len_epoch, lambda: None, **kwargs)
+    return [images[:, 0].long().tolist() for images, _ in batches]
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_epoch_order_is_the_seeds_and_epochs_alone_and_a_resume_yields_the_rest(
+    num_examples,
+):
+    """Over dataset sizes, batch sizes, world sizes, drop_last, samplers and epochs spanning
+    several passes: the ranks together train the one global order of (seed, epoch, pass)
+    (the same for every world size, padded by fewer than world-size repeats of its first
+    positions); a resume at any batch yields exactly the batches the epoch had left; and a
+    resume in another batch size and world size trains the rest of the order, each sample once."""
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        num_samples=st.integers(1, 30),
+        batch_size=st.integers(1, 7),
+        world=st.integers(1, 4),
+        drop_last=st.booleans(),
+        sampler=st.sampled_from(["random", "sequential", "weighted"]),
+        data=st.data(),
+    )
+    def check(num_samples, batch_size, world, drop_last, sampler, data) -> None:
+        labels = [index % 3 for index in range(num_samples)]
+
+        def loaders(batch_size: int, world: int) -> list:
+            return [
+                Toy(
+                    labels, batch_size=batch_size, sampler=sampler, num_replicas=world, rank=rank
+                ).train_loader(drop_last=drop_last)
+                for rank in range(world)
+            ]
+
+        ranks = loaders(batch_size, world)
+        per_pass = len(ranks[0])
+        if per_pass == 0:
+            return
+        len_epoch = data.draw(st.integers(1, 3 * per_pass), label="len_epoch")
+        whole = [batch_indices(loader, 2, 0, len_epoch) for loader in ranks]
+        assert all(len(batches) == len_epoch for batches in whole)
+        # One pass: the ranks take alternate positions of the world-size-free global order.
+        order = Toy(labels, sampler=sampler).train_sampler().global_order(2).tolist()
+        first_pass = [
+            [index for batch in batches[:per_pass] for index in batch] for batches in whole
+        ]
+        num_padded = -len(order) % world if world > 1 else 0
+        padded = order + [order[position % len(order)] for position in range(num_padded)]
+        for rank, loader in enumerate(ranks):
+            share = padded[rank::world]
+            cut = len(share) - len(share) % batch_size if loader.drop_last else len(share)
+            expected = share[:cut]
+            if len_epoch >= per_pass:  # else the epoch ends inside the pass
+                assert first_pass[rank] == expected
+            assert first_pass[rank] == expected[: len(first_pass[rank])]
+        # A resume at any batch: the rest of each rank's batches, bit for bit.
+        resume_at = data.draw(st.integers(0, len_epoch), label="resume_at")
+        for rank, loader in enumerate(ranks):
+            assert batch_indices(loader, 2, resume_at, len_epoch) == whole[rank][resume_at:]
+        # Another geometry, inside the first pass: the rest of the order, every sample once
+        # (the new ranks' padding aside).
+        done = min(resume_at, per_pass - 1) * batch_size * world
+        new = loaders(data.draw(st.integers(1, 7)), data.draw(st.integers(1, 4)))
+        rest = [
+            index
+            for loader in new
+            for batch in batch_indices(loader, 2, 0, 10**6, skip_samples=done)
+            for index in batch
+        ]
+        if not drop_last:
+            expected_rest = Counter(order[done:])
+            assert not expected_rest - Counter(rest)
+            assert (Counter(rest) - expected_rest).total() < len(new)
+
+    check()
+
+
+class RandomToy(Toy):
+    """A Toy whose transform also draws a random number: what augmentation draws."""
+
+    def transform(self, augment: bool):
+        return lambda index: torch.tensor([float(index), torch.rand(()).item()])
+
+
+def three_epochs(**kwargs) -> list[torch.Tensor]:
+    """The batches of epochs 1 to 3 and of epoch 2 resumed after its seventh batch. Epochs of 8
+    batches over passes of 6: each ends inside its second pass (a kept worker pool is reset with
+    batches still in flight), and the resume starts inside the second pass."""
+    data = RandomToy([index % 3 for index in range(23)], batch_size=4, **kwargs)
+    loader = data.train_loader()
+    assert len(loader) == 6
+    batches = [
+        images for epoch in (1, 2, 3) for images, _ in epoch_batches(
+            loader, epoch, 0, 8, lambda: None
+        )
+    ]  # fmt: skip
+    resumed = epoch_batches(loader, 2, 7, 8, lambda: None)
+    return batches + [images for images, _ in resumed]
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [{"num_workers": 1}, {"num_workers": 2}, {"num_workers": 2, "persistent_workers": False}],
+    ids=str,
+)
+def test_order_and_augmentation_do_not_depend_on_the_worker_processes(workers):
+    """Each sample and its random draws are the same with 0, 1 or 2 worker processes, kept
+    between epochs or not, over epochs and a mid-epoch resume."""
+    in_process = three_epochs()
+    with_workers = three_epochs(**workers)
+    assert len(in_process) == len(with_workers) == 3 * 8 + 1
+    for plain, worked in zip(in_process, with_workers, strict=True):
+        assert torch.equal(plain, worked)
 
 
 # --- k-fold splits ---------------------------------------------------------------------------
