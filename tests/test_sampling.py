@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import NUM_EXAMPLES, run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from torch.utils.data import Dataset
 from base import BaseDataLoader
 from base.base_data_loader import DataError
 from data_loader.data_loaders import ImageFolderDataLoader
+from model.loss import cross_entropy
 from utils.config.config_checks import CLASS_WEIGHTS
 from utils.data.batches import epoch_batches
 from utils.data.data_summary import log_data_summary
@@ -369,6 +371,41 @@ def test_order_and_augmentation_do_not_depend_on_the_worker_processes(workers):
     assert len(in_process) == len(with_workers) == 3 * 8 + 1
     for plain, worked in zip(in_process, with_workers, strict=True):
         assert torch.equal(plain, worked)
+
+
+# --- the loss with ignore_index ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_unlabelled_classifier_samples_add_zero_and_count_as_docs_extending_says(num_examples):
+    """cross_entropy with ignore_index on labels (B,): any cut of the split into batches, each
+    loss x its size summed over the split / N, is torch's mean over the labelled samples times
+    their share; a batch of unlabelled samples alone has loss 0, not nan."""
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(st.integers(1, 12), st.floats(0.0, 1.0), st.sampled_from([0.0, 0.1]), st.integers(0, 99))
+    def check(num_samples: int, unlabelled: float, label_smoothing: float, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        logits = torch.randn(num_samples, 4, generator=generator, dtype=torch.float64)
+        target = torch.randint(4, (num_samples,), generator=generator)
+        target[torch.rand(num_samples, generator=generator) < unlabelled] = 255
+        num_labelled = int((target != 255).sum())
+        for batch_size in (1, 7, num_samples):
+            summed = sum(
+                cross_entropy(logits[start : start + batch_size], labels, label_smoothing, 255)
+                * len(labels)
+                for start in range(0, num_samples, batch_size)
+                for labels in [target[start : start + batch_size]]
+            )
+            if num_labelled == 0:
+                assert summed == 0
+                continue
+            reference = F.cross_entropy(
+                logits, target, ignore_index=255, label_smoothing=label_smoothing
+            )
+            torch.testing.assert_close(summed / num_samples, reference * num_labelled / num_samples)
+
+    check()
 
 
 # --- k-fold splits ---------------------------------------------------------------------------
