@@ -408,6 +408,26 @@ def test_unlabelled_classifier_samples_add_zero_and_count_as_docs_extending_says
     check()
 
 
+def test_test_py_val_loss_and_accuracy_do_not_depend_on_the_batch_size(demo_checkpoint, tmp_path):
+    """test.py --split val reports the same val/loss and accuracy with batches of 1, 7 and the
+    whole split (64 samples): sample-weighted sums, not a mean of batch means."""
+    reports = []
+    for batch_size in (1, 7, 64):
+        report_path = tmp_path / f"val-{batch_size}.json"
+        result = run_main(
+            "test.py", "-r", str(demo_checkpoint), "--split", "val", "--json", str(report_path),
+            "--set", f"data_loader.args.batch_size={batch_size}",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        reports.append(json.loads(report_path.read_text()))
+    assert [report["num_samples"] for report in reports] == [64, 64, 64]
+    first = reports[0]["metrics"]
+    for report in reports[1:]:
+        assert report["metrics"].keys() == first.keys()
+        for key, value in report["metrics"].items():
+            assert value == pytest.approx(first[key], rel=1e-6, abs=1e-9), key
+
+
 # --- k-fold splits ---------------------------------------------------------------------------
 
 # Three classes of 50, 31 and 7 samples, shuffled.
