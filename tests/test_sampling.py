@@ -189,17 +189,17 @@ def test_class_weights_the_config_accepts_draw_or_are_refused_in_one_line(num_ex
     check()
 
 
-def test_an_infinite_class_weight_is_a_one_line_config_error(make_config, tmp_path):
+def test_an_overflowing_class_weight_is_a_one_line_error(make_config, tmp_path):
+    """Weights whose sum over the samples overflows float64 made every draw probability nan:
+    numpy's traceback. (JSON's Infinity is refused by the config reader, tests/test_config.py.)"""
     config = json.loads(make_config().read_text())
-    config["data_loader"]["args"].update(sampler="weighted", class_weights=[1] * 9 + [math.inf])
-    path = tmp_path / "infinite.json"
-    path.write_text(json.dumps(config))  # the weight as JSON's Infinity
+    config["data_loader"]["args"].update(sampler="weighted", class_weights=[1e308] * 10)
+    path = tmp_path / "overflowing.json"
+    path.write_text(json.dumps(config))
     result = run_main("train.py", "-c", str(path))
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip() == (
-        f"error: {path}: data_loader.args.class_weights: must be a list of one finite number >= 0 "
-        "per class, not all 0 or null, got [1, 1, 1, 1, 1, 1, 1, 1, 1, Infinity]"
-    )
+    error = result.stderr.strip()
+    assert "\n" not in error and "data_loader.args.class_weights: " in error, error
     assert not (tmp_path / "saved" / "models").exists()
 
 
