@@ -60,10 +60,15 @@ class FastCifarCNN(BaseModel):
         super().__init__()
         if not (isinstance(in_shape, list | tuple) and len(in_shape) == 3):
             raise ConfigValueError(f"in_shape must be [channels, height, width], got {in_shape!r}")
-        if not (isinstance(widths, list | tuple) and widths and all(w > 0 for w in widths)):
+        if not (
+            isinstance(widths, list | tuple) and widths and all(_positive_int(w) for w in widths)
+        ):
             raise ConfigValueError(
                 f"widths must be a non-empty list of positive integers, got {widths!r}"
             )
+        # JSON's 10.0 (or 10.5) would fail inside nn.Linear, with a traceback.
+        if not _positive_int(num_classes):
+            raise ConfigValueError(f"num_classes must be an integer >= 1, got {num_classes!r}")
         channels, height, width = in_shape
         if min(height, width) - 1 < 2 ** len(widths):
             raise ConfigValueError(
@@ -104,3 +109,7 @@ class FastCifarCNN(BaseModel):
         features = self.features(self.whiten(images))  # (B, widths[-1], h, w)
         pooled = torch.amax(features, dim=(2, 3))  # (B, widths[-1])
         return self.head(pooled) * self.head_scale  # (B, num_classes) logits
+
+
+def _positive_int(value: object) -> bool:
+    return type(value) is int and value > 0  # bool is no count

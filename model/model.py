@@ -51,6 +51,9 @@ class CifarCNN(BaseModel):
             )
         if not (isinstance(in_shape, list | tuple) and len(in_shape) == 3):
             raise ConfigValueError(f"in_shape must be [channels, height, width], got {in_shape!r}")
+        # JSON's 10.0 (or 10.5) would fail inside nn.Linear, with a traceback.
+        if not _positive_int(num_classes):
+            raise ConfigValueError(f"num_classes must be an integer >= 1, got {num_classes!r}")
         channels, height, width = in_shape
         # Each block halves the spatial size (floor), as MaxPool2d(2) does.
         out_height, out_width = height // 2 ** len(widths), width // 2 ** len(widths)

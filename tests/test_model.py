@@ -1,15 +1,24 @@
 """Models, abstract bases and the exact (sample-weighted) metric bookkeeping of the trainer."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import model.model as model_module
+import train
 from base import BaseDataLoader, BaseModel, BaseTrainer
 from model.loss import cross_entropy
 from model.metric import accuracy, top_k_acc
 from model.model import CifarCNN, TorchvisionModel
+from parse_config import ConfigError, ConfigParser
+from utils import ConfigValueError
 from utils.evaluation.metric_sums import MetricSums, StepOutput
 
 METRIC_FNS = {"accuracy": accuracy, "top_k_acc": top_k_acc}
@@ -190,3 +199,45 @@ def test_metric_sums_without_metrics_and_with_an_explicit_batch_size():
     sums.add(StepOutput(loss=torch.tensor(2.0), output=None, target=None, batch_size=4))
     sums.add(StepOutput(loss=torch.tensor(1.0), output=None, target=None, batch_size=12))
     assert sums.result("val") == {"val/loss": (2.0 * 4 + 1.0 * 12) / 16, "val/num_samples": 16}
+
+
+# Every classifier of model/model.py, with the other arguments it needs (small, to build fast).
+CLASSIFIERS = [
+    pytest.param("CifarCNN", {"widths": [4]}, id="CifarCNN"),
+    pytest.param("FastCifarCNN", {"widths": [4, 4]}, id="FastCifarCNN"),
+    pytest.param("GRUClassifier", {"vocab_size": 5}, id="GRUClassifier"),
+    pytest.param("TabularMLP", {"in_features": 3}, id="TabularMLP"),
+    pytest.param("TinyDetector", {"width": 4}, id="TinyDetector"),
+    pytest.param("UNet", {}, id="UNet"),
+    pytest.param("TorchvisionModel", {"name": "squeezenet1_1"}, id="TorchvisionModel"),
+]
+
+
+@pytest.mark.parametrize(("arch", "args"), CLASSIFIERS)
+@settings(max_examples=10, deadline=None)
+@given(
+    num_classes=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),  # 10.0 from JSON too
+        st.integers(-3, 0),
+        st.sampled_from([True, "10", [10]]),
+    )
+)
+def test_every_classifier_refuses_a_number_of_classes_that_is_no_count(arch, args, num_classes):
+    """arch.args.num_classes 10.0, 10.5 or "10" is a one-line ConfigValueError naming the key
+    (train.py reports it and exits 2), never a traceback from inside nn.Linear."""
+    with pytest.raises(ConfigValueError) as error:
+        getattr(model_module, arch)(num_classes=num_classes, **args)
+    assert "num_classes" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_float_number_of_classes_in_the_config_is_refused_in_one_line(tmp_path):
+    """The exact case: JSON's 10.0 for the CIFAR model stops train.py before anything is saved."""
+    config = json.loads((ROOT / "configs" / "demo.json").read_text())
+    config["arch"]["args"]["num_classes"] = 10.0
+    config["trainer"]["save_dir"] = str(tmp_path / "saved")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(
+        ConfigError, match=r"arch\.args: num_classes must be an integer >= 1, got 10\.0"
+    ):
+        ConfigParser.from_args(train.parse_args(["-c", str(path)])).init_obj("arch", model_module)
