@@ -12,6 +12,9 @@ from base import BaseModel
 from utils import ConfigValueError, UserError, describe_error
 from utils.state.checkpoint import ema_weights, use_averaged_weights
 
+# The auxiliary classifiers of the networks that have them (their attribute names).
+AUX_HEADS = {"googlenet": ("aux1", "aux2"), "inception_v3": ("AuxLogits",)}
+
 
 class TorchvisionModel(BaseModel):
     """Any torchvision.models architecture by name, e.g. {"name": "resnet50", "num_classes": 1000}.
@@ -48,10 +51,19 @@ class TorchvisionModel(BaseModel):
             raise ConfigValueError(
                 f"unknown torchvision model {name!r}; see torchvision.models.list_models()"
             )
+        if (builder_args or {}).get("aux_logits") and name in AUX_HEADS:
+            raise ConfigValueError(
+                f"builder_args: aux_logits: {name}'s auxiliary outputs are not supported (the "
+                "loss and metrics take one output); leave aux_logits out"
+            )
+        # In training, GoogLeNet and Inception v3 with auxiliary heads return a namedtuple of
+        # logits, which no loss or metric here takes: built without them, as torchvision's
+        # pretrained ones are by default (init_weights: torchvision's, without its warning).
+        aux_off = {"aux_logits": False, "init_weights": True} if name in AUX_HEADS else {}
         if weights is None:
             try:
                 self.network = torchvision.models.get_model(
-                    name, num_classes=num_classes, **(builder_args or {})
+                    name, num_classes=num_classes, **{**aux_off, **(builder_args or {})}
                 )
             except TypeError as error:  # an argument the builder does not take
                 raise ConfigValueError(f"builder_args: {name}: {error}") from None
@@ -59,10 +71,14 @@ class TorchvisionModel(BaseModel):
         if builder_args:
             raise ConfigValueError("builder_args: only without weights (they fix the network)")
         if is_weights_file(weights):
-            self.network = torchvision.models.get_model(name)
-            load_weights_file(self.network, Path(weights))
+            self.network = torchvision.models.get_model(name, **aux_off)
+            load_weights_file(self.network, Path(weights), skipped=AUX_HEADS.get(name, ()))
         else:
             self.network = download_pretrained(name, verify_weights(name, weights))
+            if name in AUX_HEADS:  # as the builder does with aux_logits False (it refuses it)
+                self.network.aux_logits = False
+                for aux_name in AUX_HEADS[name]:
+                    setattr(self.network, aux_name, None)
         head_name, head = classification_head(self.network)
         if head.out_features != num_classes:
             self.network.set_submodule(head_name, nn.Linear(head.in_features, num_classes))
@@ -116,9 +132,10 @@ def download_pretrained(name: str, weights: torchvision.models.WeightsEnum) -> n
         ) from None
 
 
-def load_weights_file(network: nn.Module, path: Path) -> None:
+def load_weights_file(network: nn.Module, path: Path, skipped: tuple[str, ...] = ()) -> None:
     """Load a state dict saved from this torchvision network (or one of our checkpoints of a
-    TorchvisionModel) into `network`, whatever the number of classes it was trained on."""
+    TorchvisionModel) into `network`, whatever the number of classes it was trained on, but
+    for the submodules `skipped` names (auxiliary heads `network` was built without)."""
     if not path.is_file():
         raise ConfigValueError(f"weights file {path} not found")
     try:
@@ -131,6 +148,8 @@ def load_weights_file(network: nn.Module, path: Path) -> None:
         state = ema_weights(state, path) if use_averaged_weights(state, "auto") else state["model"]
     if isinstance(state, dict) and state and all(key.startswith("network.") for key in state):
         state = {key.removeprefix("network."): value for key, value in state.items()}
+    if isinstance(state, dict) and skipped:  # torchvision's files hold GoogLeNet's aux heads
+        state = {key: value for key, value in state.items() if key.split(".")[0] not in skipped}
     head_name, head = classification_head(network)
     head_weight = state.get(f"{head_name}.weight") if isinstance(state, dict) else None
     if isinstance(head_weight, torch.Tensor) and head_weight.shape[0] != head.out_features:

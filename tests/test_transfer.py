@@ -573,3 +573,51 @@ def test_a_teacher_that_is_no_checkpoint_file_is_named_for_what_it_is(tmp_path, 
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.startswith(f"error: {tmp_path / 'distill.json'}: trainer.args: teacher: ")
     assert expected in result.stderr and result.stderr.count("\n") == 1
+
+
+# --- networks with auxiliary classifiers --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["googlenet", "inception_v3"])
+@settings(max_examples=3, deadline=None)
+@given(num_classes=st.integers(2, 12), batch_size=st.integers(2, 3))
+def test_aux_networks_train_on_one_output(name, num_classes, batch_size):
+    """GoogLeNet and Inception v3 return a namedtuple with their auxiliary logits in training,
+    which the loss and metrics cannot take (a traceback mid-epoch): built without those heads,
+    the training forward is (B, num_classes) logits, and every parameter gets a gradient
+    (none is left unused, which DDP would refuse)."""
+    model = TorchvisionModel(name, num_classes=num_classes).train()
+    output = model(torch.randn(batch_size, 3, 75, 75))  # the smallest Inception v3 takes
+    assert isinstance(output, torch.Tensor) and output.shape == (batch_size, num_classes)
+    F.cross_entropy(output, torch.zeros(batch_size, dtype=torch.long)).backward()
+    assert all(parameter.grad is not None for parameter in model.parameters())
+
+
+@pytest.mark.parametrize(("name", "aux"), [("googlenet", "aux1"), ("inception_v3", "AuxLogits")])
+def test_pretrained_weights_of_an_aux_network_load_without_its_aux_heads(
+    name, aux, tmp_path, monkeypatch
+):
+    """torchvision's weights file holds the auxiliary heads too (its builder loads them, then
+    drops them): downloaded by name or given as a file, the rest loads and the training output
+    is one tensor."""
+    builder = getattr(torchvision.models, name)
+    pretrained = builder(aux_logits=True, init_weights=False).state_dict()
+    assert any(key.startswith(f"{aux}.") for key in pretrained)
+    path = tmp_path / f"{name}.pth"
+    torch.save(pretrained, path)
+    monkeypatch.setattr(
+        torchvision.models._api, "load_state_dict_from_url", lambda *args, **kwargs: pretrained
+    )
+    for weights in (str(path), "IMAGENET1K_V1"):
+        model = TorchvisionModel(name, num_classes=5, weights=weights).train()
+        state = model.network.state_dict()
+        assert not any(key.startswith(f"{aux}.") for key in state)
+        for key, value in state.items():
+            if not key.startswith("fc."):
+                assert torch.equal(value, pretrained[key]), key
+        assert model(torch.randn(2, 3, 75, 75)).shape == (2, 5)
+
+
+def test_aux_logits_are_refused_in_one_line():
+    with pytest.raises(ConfigValueError, match=r"aux_logits: inception_v3's auxiliary outputs"):
+        TorchvisionModel("inception_v3", num_classes=5, builder_args={"aux_logits": True})
