@@ -22,8 +22,8 @@ class TorchvisionModel(BaseModel):
     weights: pretrained weights, either a torchvision weights name ("DEFAULT", "IMAGENET1K_V1",
     or "ResNet50_Weights.IMAGENET1K_V2"; downloaded once into torch's hub cache) or the path of
     a local file holding the network's state dict (for offline machines). The classification
-    head (the last Linear layer) is then replaced by a new one when num_classes differs from
-    the number of classes the weights were trained on.
+    head (the last layer: a Linear, SqueezeNet's a Conv2d) is then replaced by a new one when
+    num_classes differs from the number of classes the weights were trained on.
 
     builder_args: other keyword arguments of the torchvision builder, e.g. {"image_size": 32}
     for a ViT on 32x32 images, or {"dropout": 0.2}.
@@ -80,24 +80,37 @@ class TorchvisionModel(BaseModel):
                 for aux_name in AUX_HEADS[name]:
                     setattr(self.network, aux_name, None)
         head_name, head = classification_head(self.network)
-        if head.out_features != num_classes:
-            self.network.set_submodule(head_name, nn.Linear(head.in_features, num_classes))
+        if head.weight.shape[0] != num_classes:
+            self.network.set_submodule(head_name, resized_head(head, num_classes))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.network(images)
 
 
-def classification_head(network: nn.Module) -> tuple[str, nn.Linear]:
-    """(name, module) of the network's last Linear layer: its classifier in torchvision."""
-    linears = [
-        (name, module) for name, module in network.named_modules() if isinstance(module, nn.Linear)
+def classification_head(network: nn.Module) -> tuple[str, nn.Linear | nn.Conv2d]:
+    """(name, module) of the network's last layer with parameters: its classifier in
+    torchvision, a Linear (SqueezeNet's is a 1x1 Conv2d)."""
+    layers = [
+        (name, module)
+        for name, module in network.named_modules()
+        if next(module.parameters(recurse=False), None) is not None
     ]
-    if not linears:
+    if not layers or not isinstance(layers[-1][1], nn.Linear | nn.Conv2d):
         raise ConfigValueError(
-            f"{type(network).__name__} has no Linear classification head to replace; "
+            f"{type(network).__name__} has no Linear or Conv2d classification head to replace; "
             "use weights with num_classes as they were trained, or another model"
         )
-    return linears[-1]
+    return layers[-1]
+
+
+def resized_head(head: nn.Linear | nn.Conv2d, num_classes: int) -> nn.Linear | nn.Conv2d:
+    """A new layer like `head` (untrained) with num_classes outputs."""
+    bias = head.bias is not None
+    if isinstance(head, nn.Conv2d):
+        return nn.Conv2d(
+            head.in_channels, num_classes, head.kernel_size, head.stride, head.padding, bias=bias
+        )
+    return nn.Linear(head.in_features, num_classes, bias=bias)
 
 
 def is_weights_file(weights: str) -> bool:
@@ -152,9 +165,9 @@ def load_weights_file(network: nn.Module, path: Path, skipped: tuple[str, ...] =
         state = {key: value for key, value in state.items() if key.split(".")[0] not in skipped}
     head_name, head = classification_head(network)
     head_weight = state.get(f"{head_name}.weight") if isinstance(state, dict) else None
-    if isinstance(head_weight, torch.Tensor) and head_weight.shape[0] != head.out_features:
+    if isinstance(head_weight, torch.Tensor) and head_weight.shape[0] != head.weight.shape[0]:
         # Trained on another number of classes: a head of that size takes the file's weights.
-        network.set_submodule(head_name, nn.Linear(head.in_features, head_weight.shape[0]))
+        network.set_submodule(head_name, resized_head(head, head_weight.shape[0]))
     try:
         network.load_state_dict(state)
     except (RuntimeError, TypeError, AttributeError) as error:

@@ -621,3 +621,52 @@ def test_pretrained_weights_of_an_aux_network_load_without_its_aux_heads(
 def test_aux_logits_are_refused_in_one_line():
     with pytest.raises(ConfigValueError, match=r"aux_logits: inception_v3's auxiliary outputs"):
         TorchvisionModel("inception_v3", num_classes=5, builder_args={"aux_logits": True})
+
+
+# --- the classification head of every family ------------------------------------------------
+
+# One architecture of each torchvision classification family (heads differ: resnet's fc,
+# vit's heads.head, efficientnet's and convnext's classifier[-1], mobilenet's, densenet's
+# classifier, squeezenet's 1x1 convolution, ...), the name of its head.
+HEADS = {
+    "resnet18": "fc",
+    "vit_b_16": "heads.head",
+    "efficientnet_b0": "classifier.1",
+    "convnext_tiny": "classifier.2",
+    "mobilenet_v2": "classifier.1",
+    "mobilenet_v3_small": "classifier.3",
+    "densenet121": "classifier",
+    "squeezenet1_1": "classifier.1",
+    "shufflenet_v2_x0_5": "fc",
+    "mnasnet0_5": "classifier.1",
+    "regnet_y_400mf": "fc",
+    "swin_t": "head",
+    "maxvit_t": "classifier.5",
+    "googlenet": "fc",
+    "inception_v3": "fc",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_pretrained_weights_keep_all_but_a_resized_head(name, tmp_path):
+    """With pretrained weights and num_classes != 1000, the head alone is new, with num_classes
+    outputs; every other tensor (BatchNorm statistics included) is the file's. With 1000, the
+    file's own head is kept too."""
+    torch.manual_seed(0)
+    pretrained = TorchvisionModel(name).network.state_dict()  # stands in for ImageNet weights
+    path = tmp_path / f"{name}.pth"
+    torch.save(pretrained, path)
+    num_classes = 2 + sorted(HEADS).index(name)  # a different count per family
+    model = TorchvisionModel(name, num_classes=num_classes, weights=str(path)).eval()
+    state = model.network.state_dict()
+    head = f"{HEADS[name]}."
+    assert state.keys() == pretrained.keys()
+    for key, value in state.items():
+        if key.startswith(head):
+            assert value.shape[0] == num_classes and value.shape[1:] == pretrained[key].shape[1:]
+        else:
+            assert torch.equal(value, pretrained[key]), key
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 224, 224)).shape == (1, num_classes)
+    same = TorchvisionModel(name, num_classes=1000, weights=str(path)).network.state_dict()
+    assert all(torch.equal(value, pretrained[key]) for key, value in same.items())
