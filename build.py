@@ -23,6 +23,7 @@ import model.model as arch_module
 import trainer as trainer_module
 from base import BaseDataLoader, BaseModel, BaseTrainer
 from data_loader.transforms import evaluation_transform
+from model.torchvision_model import without_pretrained
 from parse_config import ConfigError, ConfigParser
 from utils.config.config_checks import metric_names
 from utils.data.batches import global_batch
@@ -159,9 +160,11 @@ def build_trainer(
     logger: logging.Logger,
     *,
     training: bool = True,
+    resumed: bool = False,
 ) -> BaseTrainer:
     """Data, model, loss, metrics, and (training) optimizer and schedule, handed to the
-    trainer.type class with trainer.args. Without training (test.py): no optimizer."""
+    trainer.type class with trainer.args. Without training (test.py): no optimizer. Resumed or
+    not training, the model's weights come from a checkpoint: its pretrained ones go unread."""
     data = config.init_obj(
         "data_loader",
         data_module,
@@ -178,7 +181,8 @@ def build_trainer(
     random_state = get_rng_state(device)
     once_per_node(data.prepare_data, info)
     set_rng_state(random_state, device)
-    model = config.init_obj("arch", arch_module)
+    overrides = None if training and not resumed else without_pretrained(config["arch"])
+    model = config.init_obj("arch", arch_module, overrides=overrides)
     if training and isinstance(model, BaseModel):  # what it takes from the training data
         model.fit_data(data)
     freeze(config, model)
@@ -232,13 +236,9 @@ def load_inference_model(
             f"{path}: its config is not a dict; not a checkpoint of this template"
         )
     config = copy.deepcopy(state["config"])
-    arch_args = config.get("arch", {}).get("args", {})
-    if arch_args.get("weights") is not None:
-        # The pretrained weights the run started from: the checkpoint's own replace them, so
-        # they are neither downloaded nor read.
-        arch_args["weights"] = None
     parsed = ConfigParser(config, source=f"{path} (its config)")
-    model = parsed.init_obj("arch", arch_module)
+    # The pretrained weights the run started from: the checkpoint's replace them, unread.
+    model = parsed.init_obj("arch", arch_module, overrides=without_pretrained(parsed["arch"]))
     state["ema_chosen"] = use_averaged_weights(state, weights)
     load_model_state(model, state, path, ema=state["ema_chosen"])
     return model.eval(), parsed, state

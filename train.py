@@ -119,11 +119,13 @@ def train(
     configure_torch(config["trainer"], device)
     if not config.run_id_given:
         config.run_id = default_run_id(config.run_id, broadcast_object)
-    trainer = build_trainer(config, info, device, logging.getLogger("train"))
     # Rank 0 alone inspects the run folder; its answer (or error) reaches every rank. Every rank
     # then loads the checkpoint, and only once every check has passed does rank 0 change the
-    # folder (leftovers cleared, a timeline left behind set aside).
+    # folder (leftovers cleared, a timeline left behind set aside). Found first: a resumed
+    # model's pretrained weights are not read (offline, their file may be gone).
     point = on_rank0(find_resume_point, config)
+    resumed = point.path is not None
+    trainer = build_trainer(config, info, device, logging.getLogger("train"), resumed=resumed)
     trainer.resume(point)
     trainer.check_first_batch()  # the data's dtypes and shapes against the model and the loss
     # Rank 0 holds the run folder's lock from here until the run ends (also by an error): a

@@ -87,6 +87,33 @@ class TorchvisionModel(BaseModel):
         return self.network(images)
 
 
+def without_pretrained(arch: dict) -> dict:
+    """Overrides of arch.args (config["arch"]) that build its network without reading its
+    pretrained weights, for a model whose weights a checkpoint then replaces: weights null and,
+    for a TorchvisionModel with torchvision's weights, the builder arguments torchvision takes
+    from them; else none."""
+    args = arch.get("args") or {}
+    weights, name = args.get("weights"), args.get("name")
+    if weights is None:
+        return {}
+    if not (arch.get("type") == "TorchvisionModel" and isinstance(weights, str)):
+        return {"weights": None}
+    if is_weights_file(weights) or name not in torchvision.models.list_models():
+        return {"weights": None}  # a file's network is the builder's default one
+    meta = verify_weights(name, weights).meta
+    # What torchvision's builders set from these weights besides the classes (not in a state
+    # dict, or of another shape than the default): Inception's input rescaling, ViT's size.
+    if name in AUX_HEADS:
+        builder_args = {"transform_input": True}
+    elif name.startswith("vit_"):
+        builder_args = {"image_size": meta["min_size"][0]}
+    elif name.startswith("maxvit_"):
+        builder_args = {"input_size": meta["min_size"]}
+    else:
+        builder_args = {}
+    return {"weights": None, "builder_args": builder_args}
+
+
 def classification_head(network: nn.Module) -> tuple[str, nn.Linear | nn.Conv2d]:
     """(name, module) of the network's last layer with parameters: its classifier in
     torchvision, a Linear (SqueezeNet's is a 1x1 Conv2d)."""

@@ -22,6 +22,7 @@ import train
 from build import build_trainer, freeze, load_inference_model
 from data_loader.synthetic import SyntheticShapes
 from model.model import TorchvisionModel
+from model.torchvision_model import AUX_HEADS, without_pretrained
 from parse_config import ConfigParser
 from trainer.distillation import load_teacher
 from utils import ConfigValueError, UserError
@@ -670,3 +671,75 @@ def test_pretrained_weights_keep_all_but_a_resized_head(name, tmp_path):
         assert model(torch.randn(1, 3, 224, 224)).shape == (1, num_classes)
     same = TorchvisionModel(name, num_classes=1000, weights=str(path)).network.state_dict()
     assert all(torch.equal(value, pretrained[key]) for key, value in same.items())
+
+
+# --- a checkpoint's model does not read its pretrained weights again ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "weights"),
+    [
+        ("resnet18", "IMAGENET1K_V1"),
+        ("squeezenet1_1", "DEFAULT"),
+        ("googlenet", "IMAGENET1K_V1"),  # transform_input: set from the weights, in no state
+        ("inception_v3", "IMAGENET1K_V1"),
+        ("vit_b_16", "IMAGENET1K_SWAG_LINEAR_V1"),  # 224 px
+        ("vit_b_16", "IMAGENET1K_SWAG_E2E_V1"),  # 384 px: its position embedding's size
+    ],
+)
+def test_the_network_rebuilt_without_pretrained_weights_computes_the_same(
+    name, weights, monkeypatch
+):
+    """A resume, test.py and predict.py build the run's network without its pretrained weights
+    (without_pretrained), then load the checkpoint's: that network must be the one trained,
+    the same outputs for the same weights, and nothing is downloaded."""
+    torch.manual_seed(0)
+    builder = getattr(torchvision.models, name)
+    kwargs = {"aux_logits": True, "init_weights": False} if name in AUX_HEADS else {}
+    size = max(torchvision.models.get_model_weights(name).verify(weights).meta["min_size"][0], 75)
+    pretrained = builder(image_size=size) if name.startswith("vit_") else builder(**kwargs)
+    monkeypatch.setattr(
+        torchvision.models._api,
+        "load_state_dict_from_url",
+        lambda *args, **kwargs: pretrained.state_dict(),
+    )
+    arch = {
+        "type": "TorchvisionModel",
+        "args": {"name": name, "num_classes": 7, "weights": weights},
+    }
+    trained = TorchvisionModel(**arch["args"]).eval()
+
+    def offline(*args, **kwargs):
+        raise AssertionError("the pretrained weights were read")
+
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
+    rebuilt = TorchvisionModel(**{**arch["args"], **without_pretrained(arch)}).eval()
+    rebuilt.load_state_dict(trained.state_dict())  # strict: the same tensors, the same shapes
+    images = torch.randn(1, 3, size, size)
+    with torch.no_grad():
+        assert torch.equal(rebuilt(images), trained(images))
+
+
+def test_a_resume_and_test_py_need_no_pretrained_weights_file(resnet18_file, tmp_path):
+    """The checkpoint holds every weight: with the pretrained file gone (an offline machine
+    whose cache was cleared), a resume and test.py still run, and read nothing of it."""
+    weights = tmp_path / "resnet18.pth"
+    weights.write_bytes(resnet18_file.read_bytes())
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["arch"] = {
+        "type": "TorchvisionModel",
+        "args": {"name": "resnet18", "num_classes": 10, "weights": str(weights)},
+    }
+    config["data_loader"]["args"].update(num_train=64, num_test=32)
+    config["trainer"].update(epochs=1, tensorboard=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = run_main("train.py", "-c", str(path), "--run-id", "run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    weights.unlink()
+    run_dir = tmp_path / "saved" / "models" / config["name"] / "run"
+    result = run_main("train.py", "-r", str(run_dir), "--epochs", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "checkpoint-epoch2.pth").is_file()
+    result = run_main("test.py", "-r", str(run_dir / "checkpoint-epoch2.pth"))
+    assert result.returncode == 0, result.stderr[-3000:]
