@@ -241,3 +241,32 @@ def test_a_float_number_of_classes_in_the_config_is_refused_in_one_line(tmp_path
         ConfigError, match=r"arch\.args: num_classes must be an integer >= 1, got 10\.0"
     ):
         ConfigParser.from_args(train.parse_args(["-c", str(path)])).init_obj("arch", model_module)
+
+
+# Every model of model/model.py with an input it takes (the smallest the defaults allow).
+MODELS_AND_INPUTS = [
+    pytest.param("CifarCNN", {}, (3, 32, 32), id="CifarCNN"),
+    pytest.param("CifarCNN", {"in_shape": [3, 8, 8]}, (3, 8, 8), id="CifarCNN-8px"),
+    pytest.param("FastCifarCNN", {}, (3, 32, 32), id="FastCifarCNN"),
+    pytest.param("DenoisingCNN", {}, (3, 16, 16), id="DenoisingCNN"),
+    pytest.param("UNet", {"num_classes": 3}, (3, 16, 16), id="UNet"),
+    pytest.param("TabularMLP", {"in_features": 3, "num_classes": 2}, (3,), id="TabularMLP"),
+]
+
+
+@pytest.mark.parametrize(("arch", "args", "shape"), MODELS_AND_INPUTS)
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_a_batch_of_one_trains_to_finite_outputs_and_leaves_its_input(arch, args, shape, seed):
+    """A short last batch of one sample (the training split's size % batch_size == 1): the
+    models' BatchNorm layers still see more than one value per channel, so the outputs and the
+    gradients are finite (no nan, no torch error), and no layer changes the input in place."""
+    torch.manual_seed(seed)
+    model = getattr(model_module, arch)(**args).train()
+    images = torch.randn(1, *shape)
+    original = images.clone()
+    output = model(images)
+    output.float().square().mean().backward()
+    assert torch.equal(images, original)
+    assert torch.isfinite(output).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
