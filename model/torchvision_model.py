@@ -100,7 +100,10 @@ def without_pretrained(arch: dict) -> dict:
         return {"weights": None}
     if is_weights_file(weights) or name not in torchvision.models.list_models():
         return {"weights": None}  # a file's network is the builder's default one
-    meta = verify_weights(name, weights).meta
+    try:
+        meta = verify_weights(name, weights).meta
+    except ConfigValueError:  # e.g. a newer torchvision's name: the checkpoint's shapes tell
+        return {"weights": None}
     # What torchvision's builders set from these weights besides the classes (not in a state
     # dict, or of another shape than the default): Inception's input rescaling, ViT's size.
     if name in AUX_HEADS:

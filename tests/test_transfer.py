@@ -743,3 +743,11 @@ def test_a_resume_and_test_py_need_no_pretrained_weights_file(resnet18_file, tmp
     assert (run_dir / "checkpoint-epoch2.pth").is_file()
     result = run_main("test.py", "-r", str(run_dir / "checkpoint-epoch2.pth"))
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_a_weights_name_this_torchvision_lacks_still_rebuilds_its_checkpoint():
+    """A run's config may name weights of a newer torchvision: predict.py, export.py and test.py
+    rebuild the network with the default arguments (the checkpoint's shapes then tell), rather
+    than refusing the weights they would not read anyway."""
+    arch = {"type": "TorchvisionModel", "args": {"name": "resnet18", "weights": "IMAGENET1K_V9"}}
+    assert without_pretrained(arch) == {"weights": None}
