@@ -88,7 +88,7 @@ def run(config: "ConfigParser", args: argparse.Namespace) -> None:
 def tune_lr(
     config: "ConfigParser", info: "ProcessInfo", device: "torch.device", args: argparse.Namespace
 ) -> None:
-    from base.tuning import lr_range_test
+    from base.tuning import config_rates, lr_range_test
     from build import build_trainer
     from utils import UserError, configure_torch, seed_everything
     from utils.distributed.process_group import broadcast_object
@@ -105,10 +105,7 @@ def tune_lr(
         raise UserError(f"{out}: already exists; choose another --run-id")
     trainer = build_trainer(config, info, device, logger)
     trainer.check_first_batch()
-    group = trainer.optimizer.param_groups[0]
-    # The rate the config's learning rate sets: OneCycleLR's peak, else the rate before a
-    # warmup's first factor.
-    base_lr = group.get("max_lr", group.get("initial_lr", group["lr"]))
+    base_lr = config_rates(trainer)[0]  # what the suggestion replaces
     result = lr_range_test(trainer, geometric(args.min_lr, args.max_lr, args.steps))
     if info.is_main:
         save_outputs(result, out)
@@ -184,19 +181,26 @@ def report(
     print("  " + " ".join(f"--set {text}" for text in sets))
 
 
+# Schedules that set the learning rates themselves, in place of the optimizer's (which they
+# overwrite when built): their arguments that hold rates, one per group or one for all.
+SCHEDULE_RATES = {"OneCycleLR": ("max_lr",), "CyclicLR": ("base_lr", "max_lr")}
+
+
 def rate_sets(config: "ConfigParser", factor: float) -> list[str]:
     """The --set values that multiply every learning rate the config trains with by `factor`:
-    OneCycleLR's max_lr (one per group, or one for all), which sets the rates in place of the
-    optimizer's; else optimizer.args.lr and the rate of each group that has its own."""
+    the rates of a schedule that sets its own (SCHEDULE_RATES); else optimizer.args.lr and the
+    rate of each group that has its own."""
     schedule = config["lr_scheduler"] or {}
-    if schedule.get("type") == "OneCycleLR" and "max_lr" in schedule["args"]:
-        peak = schedule["args"]["max_lr"]
-        scaled = [
-            float(f"{rate * factor:.4g}") for rate in (peak if isinstance(peak, list) else [peak])
-        ]
-        value = scaled if isinstance(peak, list) else scaled[0]
-        # No spaces: the line pastes into a shell as one argument.
-        return [f"lr_scheduler.args.max_lr={json.dumps(value, separators=(',', ':'))}"]
+    if schedule.get("type") in SCHEDULE_RATES:
+        sets = []
+        for name in SCHEDULE_RATES[schedule["type"]]:
+            rates = schedule["args"][name]
+            listed = rates if isinstance(rates, list) else [rates]
+            scaled = [float(f"{rate * factor:.4g}") for rate in listed]
+            value = scaled if isinstance(rates, list) else scaled[0]
+            # No spaces: the line pastes into a shell as one argument.
+            sets.append(f"lr_scheduler.args.{name}={json.dumps(value, separators=(',', ':'))}")
+        return sets
     optimizer = config["optimizer"]
     sets = [f"optimizer.args.lr={optimizer['args']['lr'] * factor:.4g}"]
     for index, group in enumerate(optimizer.get("param_groups") or []):

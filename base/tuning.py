@@ -61,8 +61,8 @@ def engine_step(trainer: "BaseTrainer", num_steps: int) -> Callable[[float], flo
     batches = epoch_batches(
         trainer.train_loader, 1, 0, num_steps * accumulate, lambda: None
     )  # epoch 1's order, across passes if need be
-    ratios = [group["lr"] / trainer.optimizer.param_groups[0]["lr"] for group in
-              trainer.optimizer.param_groups]  # fmt: skip
+    rates = config_rates(trainer)
+    ratios = [rate / rates[0] for rate in rates]
     trainer.model.train()
 
     def step(lr: float) -> float:
@@ -71,6 +71,18 @@ def engine_step(trainer: "BaseTrainer", num_steps: int) -> Callable[[float], flo
         return float(train_step(trainer, list(itertools.islice(batches, accumulate))))
 
     return step
+
+
+def config_rates(trainer: "BaseTrainer") -> list[float]:
+    """Each group's rate that the config's rates set, as the run trains it: the peak of
+    OneCycleLR and of CyclicLR, else the rate before a warmup's first factor. Not the rates
+    now: CyclicLR starts each group at its base_lr, which may be 0."""
+    scheduler = trainer.lr_scheduler
+    for part in getattr(scheduler, "_schedulers", [scheduler]):  # SequentialLR: a warmup first
+        if isinstance(part, torch.optim.lr_scheduler.CyclicLR):
+            return list(part.max_lrs)
+    groups = trainer.optimizer.param_groups
+    return [group.get("max_lr", group.get("initial_lr", group["lr"])) for group in groups]
 
 
 def train_step(trainer: "BaseTrainer", group: list[Any]) -> torch.Tensor:

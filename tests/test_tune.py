@@ -10,6 +10,7 @@ import math
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,80 @@ def test_the_batch_size_lines_scale_every_rate_the_config_trains_with(
     assert sets[0] == "data_loader.args.batch_size=96"
     before, after = group_rates(path, []), group_rates(path, sets)
     assert after == pytest.approx([3 * rate for rate in before])
+
+
+def rates_over_run(config: Path, sets: list[str]) -> list[list[float]]:
+    """Every group's learning rate at every optimizer step (or epoch) of the run, the schedule
+    stepped without training (the config with `sets` applied)."""
+    args = argparse.Namespace(config=str(config), set=sets)
+    parsed = ConfigParser.from_args(args)
+    trainer = build_trainer(parsed, process_info(), torch.device("cpu"), logging.getLogger("t"))
+    per_step = parsed["lr_scheduler"]["interval"] == "step"
+    num_steps = trainer.epochs * (trainer.steps_per_epoch if per_step else 1)
+    rates = []
+    with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()"
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(num_steps):
+            rates.append([group["lr"] for group in trainer.optimizer.param_groups])
+            trainer.lr_scheduler.step()
+    return rates
+
+
+# Schedules of every kind of rate: the optimizer's, scaled by a warmup, a group with a rate of
+# its own, and those that set the rates themselves (OneCycleLR's peak, CyclicLR's base and peak,
+# a base of 0 included).
+SCHEDULES = {
+    "cosine": {"type": "CosineAnnealingLR", "args": {}, "interval": "epoch"},
+    "warmup": {"type": "CosineAnnealingLR", "args": {}, "interval": "step", "warmup_steps": 3},
+    "one_cycle": {"type": "OneCycleLR", "args": {"max_lr": [0.02, 0.004]}, "interval": "step"},
+    "cyclic": {
+        "type": "CyclicLR", "args": {"base_lr": 0.001, "max_lr": 0.01, "step_size_up": 4},
+        "interval": "step",
+    },
+    "cyclic_from_0": {
+        "type": "CyclicLR", "args": {"base_lr": [0, 0.0001], "max_lr": [0.01, 0.05],
+                                     "step_size_up": 4},
+        "interval": "step", "warmup_steps": 2,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_the_printed_lines_give_the_suggestion_and_scale_every_rate_of_the_run(
+    schedule, tmp_path, monkeypatch, capsys
+):
+    """The range test's --set line, applied, makes the suggestion the first group's highest
+    rate of the run and multiplies every rate of every step alike; the batch size's line
+    multiplies them all by the batch's factor. A CyclicLR run reads neither optimizer.args.lr
+    (its base_lr replaces it) nor the rate of the first step (its base, maybe 0)."""
+    import tune
+    from utils.optim.lr_range import RangeTest
+
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["optimizer"] = {"type": "SGD", "args": {"lr": 0.003, "momentum": 0.9},
+                           "param_groups": [{"params": "head", "lr": 0.01}]}  # fmt: skip
+    config["lr_scheduler"] = SCHEDULES[schedule]
+    config["trainer"]["tensorboard"] = False
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    before = rates_over_run(path, [])
+    suggestion = 0.0123
+    lrs = geometric(1e-4, 1.0, 5)  # a curve for the files; the suggestion is what counts here
+    monkeypatch.setattr(
+        "base.tuning.lr_range_test",
+        lambda *_: RangeTest(lrs, [1.0] * 5, [1.0] * 5, "done", suggestion),
+    )
+    assert tune.main(["-c", str(path), "--lr-range", "--run-id", "lr"]) == 0
+    sets = re.findall(r"--set (\S+)", capsys.readouterr().out)
+    after = rates_over_run(path, sets)
+    assert max(rates[0] for rates in after) == pytest.approx(suggestion, rel=1e-3)
+    factor = suggestion / max(rates[0] for rates in before)
+    for step_before, step_after in zip(before, after, strict=True):
+        assert step_after == pytest.approx([factor * rate for rate in step_before], rel=1e-3)
+    monkeypatch.setattr("base.tuning.largest_batch", lambda trainer, *_: 3 * 32)  # 3 x 32
+    assert tune.main(["-c", str(path), "--batch-size", "--max-memory", "100"]) == 0
+    sets = re.findall(r"--set (\S+)", capsys.readouterr().out)
+    assert sets[0] == "data_loader.args.batch_size=96"
+    after = rates_over_run(path, sets[1:])
+    for step_before, step_after in zip(before, after, strict=True):
+        assert step_after == pytest.approx([3 * rate for rate in step_before], rel=1e-3)
