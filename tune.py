@@ -59,14 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     from parse_config import ConfigParser
     from utils import UserError
     from utils.distributed.device import gpu_indices
+    from utils.util import TrainingError
 
     try:
         if args.device is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         run(ConfigParser.from_args(args), args)
-    except UserError as error:
+    except (UserError, TrainingError) as error:
+        # 2: a mistake in the input; 1: training cannot go on (a non-finite loss). As train.py.
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(error, UserError) else 1
     return 0
 
 
@@ -94,6 +96,7 @@ def tune_lr(
     from utils.distributed.process_group import broadcast_object
     from utils.optim.lr_range import geometric
     from utils.state.run_folder import default_run_id
+    from utils.util import TrainingError
 
     logger = logging.getLogger("tune")
     seed_everything(config["seed"])
@@ -107,6 +110,12 @@ def tune_lr(
     trainer.check_first_batch()
     base_lr = config_rates(trainer)[0]  # what the suggestion replaces
     result = lr_range_test(trainer, geometric(args.min_lr, args.max_lr, args.steps))
+    if not result.lrs:  # every rank alike: the loss is averaged over them
+        # The first step's loss comes before any update: the learning rate has no part in it.
+        raise TrainingError(
+            "the loss of the range test's first step is not finite, before any update at any "
+            "learning rate: check the data and the model; nothing was written"
+        )
     if info.is_main:
         save_outputs(result, out)
         report(result, config, base_lr, out, logger)

@@ -318,3 +318,18 @@ def test_the_printed_lines_give_the_suggestion_and_scale_every_rate_of_the_run(
     after = rates_over_run(path, sets[1:])
     for step_before, step_after in zip(before, after, strict=True):
         assert step_after == pytest.approx([3 * rate for rate in step_before], rel=1e-3)
+
+
+def test_a_first_loss_that_is_not_finite_is_one_line_and_writes_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    """A loss that is not finite at the first step (before any update: the data or the model,
+    not the learning rate) leaves no curve to draw: one line, exit 1, no folder."""
+    import tune
+
+    monkeypatch.setattr("base.tuning.train_step", lambda *_: torch.tensor(float("nan")))
+    code = tune.main(["-c", str(demo_config(tmp_path)), "--lr-range", "--run-id", "nan"])
+    error = capsys.readouterr().err.strip()
+    assert code == 1 and error.startswith("error: ") and "\n" not in error, error
+    assert "not finite" in error
+    assert not (tmp_path / "saved" / "log" / "Demo_CifarCNN" / "nan").exists()
