@@ -124,7 +124,7 @@ def tune_lr(
 def tune_batch_size(
     config: "ConfigParser", info: "ProcessInfo", device: "torch.device", args: argparse.Namespace
 ) -> None:
-    from base.tuning import largest_batch
+    from base.tuning import largest_batch, samples_per_pass
     from build import build_trainer
     from utils import UserError, configure_torch, seed_everything
 
@@ -138,7 +138,10 @@ def tune_batch_size(
     trainer = build_trainer(config, info, device, logger)
     trainer.check_first_batch()
     budget = None if args.max_memory is None else int(args.max_memory * 2**30)
-    size = largest_batch(trainer, budget, args.max_batch)
+    # The loader forms no batch larger than a pass of this process's samples: a larger answer
+    # would train on one batch of them all (or none, with drop_last).
+    whole = samples_per_pass(trainer.train_loader)
+    size = largest_batch(trainer, budget, min(args.max_batch, whole or args.max_batch))
     if size is None:
         where = "the GPU's memory" if args.max_memory is None else f"{args.max_memory} GiB"
         raise UserError(f"not even a batch of 1 fits in {where}")
@@ -146,6 +149,8 @@ def tune_batch_size(
         old = config["data_loader"]["args"]["batch_size"]
         print(f"Largest batch that fits: {size} per process (the config's: {old}).")
         print(f"  --set data_loader.args.batch_size={size}")
+        if size == whole:
+            print(f"  (every training sample of this process, {whole}: no larger batch exists)")
         if config["optimizer"]["reference_batch_size"] is None:  # the linear scaling rule
             sets = " ".join(f"--set {text}" for text in rate_sets(config, size / old))
             print(f"  {sets}   (scaled with the batch, x{size / old:.3g})")

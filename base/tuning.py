@@ -11,7 +11,7 @@ import ctypes.util
 import gc
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,6 +151,12 @@ def largest_batch(trainer: "BaseTrainer", budget: int | None, limit: int) -> int
 
     trainer.model.train()
     return largest_fitting(fits, trainer.train_loader.batch_size, limit)
+
+
+def samples_per_pass(loader: Any) -> int | None:
+    """This process's training samples in a pass over `loader` (None: its sampler has no len)."""
+    sampler = getattr(loader, "sampler", None)
+    return len(sampler) if isinstance(sampler, Sized) else None
 
 
 def tiled(batches: list[Any], size: int) -> Any:

@@ -169,6 +169,10 @@ def test_tune_py_batch_size_answers_a_batch_that_fits_the_budget_and_whose_doubl
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("the CPU's peak memory is read from Linux's /proc")
     config = demo_config(tmp_path)
+    # 960 training samples: more than the answer's double, which a pass must hold to be a batch.
+    settings_ = json.loads(config.read_text())
+    settings_["data_loader"]["args"]["num_train"] = 1200
+    config.write_text(json.dumps(settings_))
     env = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
     budget = 1.0  # GiB: the demo's process holds about 0.6 at rest, 1.1 with a batch of 512
     result = subprocess.run(
@@ -333,3 +337,47 @@ def test_a_first_loss_that_is_not_finite_is_one_line_and_writes_nothing(
     assert code == 1 and error.startswith("error: ") and "\n" not in error, error
     assert "not finite" in error
     assert not (tmp_path / "saved" / "log" / "Demo_CifarCNN" / "nan").exists()
+
+
+@pytest.mark.slow  # about 2 s an example; test_tune_py_batch_size_stops_at_the_training_set is fast
+@pytest.mark.parametrize("num_examples", [pytest.param(10, id="10-examples")])
+def test_the_batch_size_answer_is_at_most_a_pass_of_the_training_samples(
+    num_examples, tmp_path, monkeypatch, capsys
+):
+    """Whatever fits in memory, the loader forms no batch larger than one pass of this
+    process's training samples: the answer is at most that many (here every size fits)."""
+    import tune
+
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("the CPU's peak memory is read from Linux's /proc")
+    monkeypatch.setattr("base.tuning.train_step", lambda *_: torch.zeros(()))  # fits: any size
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(num_train=st.integers(20, 700), batch_size=st.integers(1, 64),
+           max_batch=st.integers(1, 2000))  # fmt: skip
+    def check(num_train: int, batch_size: int, max_batch: int) -> None:
+        config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+        config["data_loader"]["args"].update(
+            num_train=num_train, validation_split=10, batch_size=batch_size
+        )
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        command = ["-c", str(path), "--batch-size", "--max-memory", "100"]
+        assert tune.main([*command, "--max-batch", str(max_batch)]) == 0
+        output = capsys.readouterr().out
+        (size,) = map(int, re.findall(r"--set data_loader.args.batch_size=(\d+)", output))
+        assert size == min(max_batch, num_train - 10), output
+
+    check()
+
+
+def test_tune_py_batch_size_stops_at_the_training_set(tmp_path, capsys):
+    """The shrunk demo's 256 training samples, with memory to spare: 256, not --max-batch."""
+    import tune
+
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("the CPU's peak memory is read from Linux's /proc")
+    command = ["-c", str(demo_config(tmp_path)), "--batch-size", "--max-memory", "100"]
+    assert tune.main([*command, "--max-batch", "1024"]) == 0
+    output = capsys.readouterr().out
+    assert "--set data_loader.args.batch_size=256" in output and "no larger batch" in output
