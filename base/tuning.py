@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from base.evaluation import averaged_over_views, run_validation_step
 from utils.data.batches import epoch_batches, to_device
 from utils.distributed.process_group import all_reduce_max, all_reduce_sum, world_size
 from utils.distributed.sharding import gradient_sync
@@ -130,27 +131,51 @@ def largest_fitting(fits: Callable[[int], bool], start: int, limit: int) -> int 
 
 
 def largest_batch(trainer: "BaseTrainer", budget: int | None, limit: int) -> int | None:
-    """The largest per-process batch whose training step fits: without running out of CUDA
-    memory, and within `budget` bytes of peak memory when given (CUDA: torch's allocator; the
-    CPU: the process's peak resident memory, Linux). The trainer's state is restored."""
-    sample_batches = list(itertools.islice(trainer.train_loader, 4))
+    """The largest per-process batch whose training step, and validation step when there is
+    validation data, fit: without running out of CUDA memory, and within `budget` bytes of peak
+    memory when given (CUDA: torch's allocator; the CPU: the process's peak resident memory,
+    Linux). The trainer's state is restored."""
+    train_batches = list(itertools.islice(trainer.train_loader, 4))
+    # Validation runs at the same batch size: without gradients it mostly needs less, but not
+    # always (test-time augmentation's views, a large output per sample).
+    loader = trainer.val_loader
+    val_batches = [] if loader is None else list(itertools.islice(loader, 4))
 
-    def fits(size: int) -> bool:
-        batch = tiled(sample_batches, size)
+    def within(step: Callable[[Any], Any], batches: list[Any], size: int) -> bool:
+        batch = tiled(batches, size)
         try:
             with restored(trainer), peak_memory(trainer.device) as peak:
-                train_step(trainer, [batch])
+                step(batch)
             ok = budget is None or peak() <= budget
         except torch.OutOfMemoryError:
             ok = False
         del batch
         if trainer.device.type == "cuda":
             torch.cuda.empty_cache()
+        return ok
+
+    def fits(size: int) -> bool:
+        ok = within(lambda batch: train_step(trainer, [batch]), train_batches, size)
+        if ok and val_batches:
+            ok = within(lambda batch: validation_step(trainer, batch), val_batches, size)
         # Every rank must take the same answer: a batch too big for one is too big.
         return not all_reduce_max(torch.tensor(int(not ok), device=trainer.device))
 
     trainer.model.train()
     return largest_fitting(fits, trainer.train_loader.batch_size, limit)
+
+
+@torch.no_grad()
+def validation_step(trainer: "BaseTrainer", batch: Any) -> None:
+    """One validation step as evaluate() runs it: evaluation mode, no gradients, the views of
+    test-time augmentation; the model back in training mode afterwards."""
+    trainer.model.eval()
+    try:
+        with averaged_over_views(trainer, trainer.model):
+            batch = to_device(batch, trainer.device, trainer.options["channels_last"])
+            run_validation_step(trainer, batch)
+    finally:
+        trainer.model.train()
 
 
 def samples_per_pass(loader: Any) -> int | None:

@@ -3,6 +3,7 @@ known, the range test through the engine restoring every state it touched, and t
 to end (its files, its --set line, its refusal to touch an existing folder)."""
 
 import argparse
+import contextlib
 import csv
 import json
 import logging
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import NUM_EXAMPLES, ROOT, shrink, without_muon
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
@@ -381,3 +382,45 @@ def test_tune_py_batch_size_stops_at_the_training_set(tmp_path, capsys):
     assert tune.main([*command, "--max-batch", "1024"]) == 0
     output = capsys.readouterr().out
     assert "--set data_loader.args.batch_size=256" in output and "no larger batch" in output
+
+
+@pytest.mark.parametrize("num_examples", [pytest.param(12, id="12-examples")])
+def test_the_largest_batch_fits_its_validation_step_too(num_examples, tmp_path, monkeypatch):
+    """Validation runs at the same batch size: where its step needs more memory than the
+    training step (test-time augmentation's views, a large output), the answer is the largest
+    size whose both steps fit. Memory is counted here as each step's samples x its cost."""
+    import base.tuning
+    from trainer.trainer import Trainer
+
+    config = ConfigParser.from_args(argparse.Namespace(config=str(demo_config(tmp_path))))
+    trainer = build_trainer(config, process_info(), torch.device("cpu"), logging.getLogger("t"))
+    used, costs = [0], {}
+
+    @contextlib.contextmanager
+    def counted_peak(device: torch.device):
+        used[0] = 0
+        yield lambda: used[0]
+
+    def costing(step: str):
+        original = getattr(Trainer, step)
+
+        def counted(self, batch):
+            used[0] = max(used[0], costs[step] * len(batch[0]))
+            return original(self, [part[:1] for part in batch])  # computed on one: fast
+
+        return counted
+
+    monkeypatch.setattr(base.tuning, "peak_memory", counted_peak)
+    for step in ("training_step", "validation_step"):
+        monkeypatch.setattr(Trainer, step, costing(step))
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(train_cost=st.integers(1, 8), val_cost=st.integers(1, 8), budget=st.integers(1, 900))
+    @example(train_cost=1, val_cost=4, budget=400)  # validation's 4 x: 100, not training's 300
+    def check(train_cost: int, val_cost: int, budget: int) -> None:
+        costs.update(training_step=train_cost, validation_step=val_cost)
+        expected = min(budget // max(train_cost, val_cost), 300)
+        assert base.tuning.largest_batch(trainer, budget, 300) == (expected or None)
+
+    check()
+    assert trainer.model.training  # as the engine left it
