@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -424,3 +425,42 @@ def test_the_largest_batch_fits_its_validation_step_too(num_examples, tmp_path, 
 
     check()
     assert trainer.model.training  # as the engine left it
+
+
+def replay(losses: list[float]) -> Callable[[float], float]:
+    """step(lr) for run_range_test: the given losses in turn, whatever the rate."""
+    remaining = iter(losses)
+    return lambda lr: next(remaining)
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_divergence_stop_reads_losses_of_any_sign(num_examples):
+    """A loss that keeps falling never diverges, whatever its sign (a Gaussian likelihood's
+    loss goes below 0); one that rises from its best by 3 times the best's magnitude does:
+    4 times the best, for a positive loss, as documented."""
+
+    @settings(max_examples=num_examples)
+    @given(
+        start=st.floats(-100, 100),
+        drops=st.lists(st.floats(0, 10), min_size=3, max_size=40),
+        rise=st.floats(3.5, 10),
+    )
+    def check(start: float, drops: list[float], rise: float) -> None:
+        losses = [start - sum(drops[:i]) for i in range(len(drops))]
+        falling = run_range_test(replay(losses), geometric(1e-5, 1.0, len(losses)))
+        assert falling.stopped == "done" and falling.losses == losses
+        best = min(falling.smoothed)  # what the stop compares with: the smoothed loss
+        high = best + rise * abs(best) + 1  # held: the smoothed loss climbs towards it
+        rising = [*losses, *[high] * 300]
+        assert run_range_test(replay(rising), geometric(1e-5, 1.0, len(rising))).stopped == (
+            "diverged"
+        )
+
+    check()
+
+
+def test_a_negative_loss_that_falls_runs_every_step():
+    """The case that stopped at the second step: -1, -1.1, ... fell below 4 x -1.1."""
+    losses = [-1.0 - 0.1 * i for i in range(20)]
+    result = run_range_test(replay(losses), geometric(1e-5, 1.0, 20))
+    assert result.stopped == "done" and len(result.lrs) == 20

@@ -38,7 +38,8 @@ def run_range_test(
     step: Callable[[float], float], lrs: list[float], *, beta: float = 0.98, diverge: float = 4.0
 ) -> RangeTest:
     """step(lr) trains one optimizer step at lr and returns its loss; stop once the smoothed
-    loss exceeds `diverge` times the best so far, or a loss is not finite."""
+    loss exceeds `diverge` times the best so far (for a loss that can be negative: rises above
+    it by diverge - 1 times its magnitude), or a loss is not finite."""
     losses: list[float] = []
     smoothed: list[float] = []
     average, stopped = 0.0, "done"
@@ -50,7 +51,10 @@ def run_range_test(
         losses.append(loss)
         average = beta * average + (1 - beta) * loss
         smoothed.append(average / (1 - beta ** len(losses)))
-        if len(smoothed) > 1 and smoothed[-1] > diverge * min(smoothed):
+        # best + (diverge - 1) x |best|: diverge x best for a positive best; for a negative
+        # one, diverge x best lies below it, and a loss still falling would count as diverged.
+        best = min(smoothed)
+        if len(smoothed) > 1 and smoothed[-1] - best > (diverge - 1) * abs(best):
             stopped = "diverged"
             break
     tried = lrs[: len(losses)]
