@@ -9,6 +9,7 @@ torchrun --standalone --nproc_per_node=2 tune.py -c config.json --lr-range
 import argparse
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,10 +46,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--set", action="append", metavar="KEY.PATH=VALUE", help="override a config key")
     # fmt: on
     args = parser.parse_args(argv)
-    if args.steps < 3 or not 0 < args.min_lr < args.max_lr:
-        parser.error("--steps must be >= 3 and 0 < --min-lr < --max-lr")
-    if (args.max_memory is not None and args.max_memory <= 0) or args.max_batch < 1:
-        parser.error("--max-memory and --max-batch must be > 0")
+    # float() takes "inf" and "nan": an infinite --max-lr made every rate nan or inf, a nan
+    # --max-memory a ValueError in the middle of the search.
+    if args.steps < 3 or not 0 < args.min_lr < args.max_lr < math.inf:
+        parser.error("--steps must be >= 3 and 0 < --min-lr < --max-lr, both finite")
+    if not (args.max_memory is None or 0 < args.max_memory < math.inf) or args.max_batch < 1:
+        parser.error("--max-memory and --max-batch must be > 0 (--max-memory finite)")
     return args
 
 

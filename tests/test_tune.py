@@ -464,3 +464,30 @@ def test_a_negative_loss_that_falls_runs_every_step():
     losses = [-1.0 - 0.1 * i for i in range(20)]
     result = run_range_test(replay(losses), geometric(1e-5, 1.0, 20))
     assert result.stopped == "done" and len(result.lrs) == 20
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--lr-range", "--min-lr", "1", "--max-lr", "1"],
+        ["--lr-range", "--min-lr", "0.1", "--max-lr", "0.01"],
+        ["--lr-range", "--max-lr", "inf"],
+        ["--lr-range", "--min-lr", "nan"],
+        ["--lr-range", "--steps", "2"],
+        ["--batch-size", "--max-memory", "nan"],
+        ["--batch-size", "--max-memory", "inf"],
+        ["--batch-size", "--max-memory", "0"],
+        ["--batch-size", "--max-memory", "1", "--max-batch", "0"],
+    ],
+)
+def test_bad_ranges_and_budgets_are_refused_before_anything_runs(flags, tmp_path, capsys):
+    """An lr range whose min is not below its max, or a bound or budget that is not a finite
+    positive number: argparse's usage and one error line, exit 2, no folder."""
+    import tune
+
+    with pytest.raises(SystemExit) as exit_:
+        tune.parse_args(["-c", str(tmp_path / "config.json"), *flags])
+    error_lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and ": error: --" in error_lines[-1], error_lines
+    assert error_lines[0].startswith("usage:") and sum("error" in line for line in error_lines) == 1
+    assert not (tmp_path / "saved").exists()
