@@ -491,3 +491,99 @@ def test_bad_ranges_and_budgets_are_refused_before_anything_runs(flags, tmp_path
     assert exit_.value.code == 2 and ": error: --" in error_lines[-1], error_lines
     assert error_lines[0].startswith("usage:") and sum("error" in line for line in error_lines) == 1
     assert not (tmp_path / "saved").exists()
+
+
+def fitted_state(config_path: Path, tune_first: str | None) -> dict:
+    """What a one-epoch run leaves (weights, BatchNorm statistics, EMA, optimizer, GradScaler,
+    schedule, every RNG), after `tune_first` ("lr", "batch") in the same process, or without."""
+    import random
+
+    import numpy as np
+
+    from base.tuning import largest_batch
+    from utils import seed_everything
+
+    config = ConfigParser.from_args(argparse.Namespace(config=str(config_path), run_id="r"))
+    seed_everything(config["seed"])
+    trainer = build_trainer(config, process_info(), torch.device("cpu"), logging.getLogger("t"))
+    trainer.check_first_batch()
+    if tune_first == "lr":
+        lr_range_test(trainer, geometric(1e-4, 10.0, 8))
+    elif tune_first == "batch":
+        largest_batch(trainer, 100 * 2**30, 64)  # memory to spare: 32 and 64 tried
+    # fit() seeds each epoch itself: the generators are compared before it too.
+    numpy_state = np.random.get_state()
+    generators = (random.getstate(), numpy_state[1].tobytes(), numpy_state[2:],
+                  torch.get_rng_state().tolist())  # fmt: skip
+    config.log_dir.mkdir(parents=True)
+    config.checkpoint_dir.mkdir(parents=True)
+    trainer.fit()
+    return {
+        "generators": generators,
+        "model": trainer.model.state_dict(),
+        "ema": trainer.ema.state_dict(),
+        "optimizer": repr(trainer.optimizer.state_dict()),
+        "scaler": trainer.scaler.state_dict(),
+        "schedule": repr(trainer.lr_scheduler.state_dict()),
+        "rng": (random.random(), float(np.random.rand()), float(torch.rand(()))),
+    }
+
+
+@pytest.mark.parametrize("tune_first", ["lr", "batch"])
+def test_a_run_trained_after_tuning_in_the_same_process_equals_one_without(tune_first, tmp_path):
+    """Everything a tuning changes is put back: the run that follows it is bit-identical to a
+    run without it (fp16's GradScaler, EMA, accumulation, dropout, BatchNorm, a per-step
+    schedule, the data order)."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["arch"]["args"]["dropout"] = 0.2
+    config["trainer"].update(epochs=1, tensorboard=False, amp="fp16", ema_decay=0.9,
+                             grad_accum_steps=2)  # fmt: skip
+    config["lr_scheduler"] = SCHEDULES["one_cycle"] | {"args": {"max_lr": 0.01}}
+    paths = {}
+    for name in ("plain", "tuned"):
+        config["trainer"]["save_dir"] = str(tmp_path / name)
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(config))
+    plain, tuned = fitted_state(paths["plain"], None), fitted_state(paths["tuned"], tune_first)
+    assert plain["scaler"]  # fp16: the GradScaler is on (a disabled one has no state)
+    for part in ("model", "ema"):
+        for key, value in plain[part].items():
+            assert torch.equal(value, tuned[part][key]), (part, key)
+    for part in ("optimizer", "scaler", "schedule", "rng", "generators"):
+        assert plain[part] == tuned[part], part
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_no_schedule_moves_the_rates_of_the_range_test(schedule, tmp_path):
+    """The test sets every step's rates itself, the groups kept at the ratios of the rates the
+    config sets; the schedule is not stepped (its state is as before)."""
+    from base.tuning import config_rates
+
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["optimizer"] = {"type": "SGD", "args": {"lr": 0.003, "momentum": 0.9},
+                           "param_groups": [{"params": "head", "lr": 0.01}]}  # fmt: skip
+    config["lr_scheduler"] = SCHEDULES[schedule]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    parsed = ConfigParser.from_args(argparse.Namespace(config=str(path)))
+    trainer = build_trainer(parsed, process_info(), torch.device("cpu"), logging.getLogger("t"))
+    schedule_state = repr(trainer.lr_scheduler.state_dict())
+    peaks, seen = config_rates(trainer), []
+    trainer.optimizer.register_step_pre_hook(
+        lambda optimizer, *_: seen.append([group["lr"] for group in optimizer.param_groups])
+    )
+    rates = geometric(1e-4, 1.0, 6)
+    lr_range_test(trainer, rates)
+    expected = [rate * peak / peaks[0] for rate in rates[: len(seen)] for peak in peaks]
+    assert len(seen) >= 3 and [rate for step in seen for rate in step] == pytest.approx(expected)
+    assert repr(trainer.lr_scheduler.state_dict()) == schedule_state
+
+
+def test_not_even_a_batch_of_1_is_one_line_and_exit_2(tmp_path, capsys):
+    import tune
+
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("the CPU's peak memory is read from Linux's /proc")
+    command = ["-c", str(demo_config(tmp_path)), "--batch-size", "--max-memory", "0.01"]
+    assert tune.main(command) == 2
+    assert capsys.readouterr().err.strip() == "error: not even a batch of 1 fits in 0.01 GiB"
