@@ -135,14 +135,14 @@ def largest_batch(trainer: "BaseTrainer", budget: int | None, limit: int) -> int
     validation data, fit: without running out of CUDA memory, and within `budget` bytes of peak
     memory when given (CUDA: torch's allocator; the CPU: the process's peak resident memory,
     Linux). The trainer's state is restored."""
-    train_batches = list(itertools.islice(trainer.train_loader, 4))
+    train_batch = batch_maker(trainer.train_loader)
     # Validation runs at the same batch size: without gradients it mostly needs less, but not
     # always (test-time augmentation's views, a large output per sample).
     loader = trainer.val_loader
-    val_batches = [] if loader is None else list(itertools.islice(loader, 4))
+    val_batch = None if loader is None else batch_maker(loader)
 
-    def within(step: Callable[[Any], Any], batches: list[Any], size: int) -> bool:
-        batch = tiled(batches, size)
+    def within(step: Callable[[Any], Any], make: Callable[[int], Any], size: int) -> bool:
+        batch = make(size)
         try:
             with restored(trainer), peak_memory(trainer.device) as peak:
                 step(batch)
@@ -155,9 +155,9 @@ def largest_batch(trainer: "BaseTrainer", budget: int | None, limit: int) -> int
         return ok
 
     def fits(size: int) -> bool:
-        ok = within(lambda batch: train_step(trainer, [batch]), train_batches, size)
-        if ok and val_batches:
-            ok = within(lambda batch: validation_step(trainer, batch), val_batches, size)
+        ok = within(lambda batch: train_step(trainer, [batch]), train_batch, size)
+        if ok and val_batch is not None:
+            ok = within(lambda batch: validation_step(trainer, batch), val_batch, size)
         # Every rank must take the same answer: a batch too big for one is too big.
         return not all_reduce_max(torch.tensor(int(not ok), device=trainer.device))
 
@@ -182,6 +182,21 @@ def samples_per_pass(loader: Any) -> int | None:
     """This process's training samples in a pass over `loader` (None: its sampler has no len)."""
     sampler = getattr(loader, "sampler", None)
     return len(sampler) if isinstance(sampler, Sized) else None
+
+
+def batch_maker(loader: Any) -> Callable[[int], Any]:
+    """make(size): a batch of `size` samples, the loader's first ones repeated. Through the
+    loader's collate_fn where it has one (torch's DataLoader), so that what a batch holds per
+    sample (detection's list of target dicts) has one item per sample; else (the device
+    pipelines, whose batches are tensors) the first batches' tensors repeated."""
+    collate = getattr(loader, "collate_fn", None)
+    if collate is None:
+        batches = list(itertools.islice(loader, 4))
+        return lambda size: tiled(batches, size)
+    # The sampler's indices carry the training augmentation's seeds: samples as in the run.
+    indices = itertools.islice(iter(loader.sampler), 4 * (loader.batch_size or 1))
+    samples = [loader.dataset[index] for index in indices]
+    return lambda size: collate([samples[i % len(samples)] for i in range(size)])
 
 
 def tiled(batches: list[Any], size: int) -> Any:

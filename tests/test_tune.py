@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NUM_EXAMPLES, ROOT, shrink, without_muon
+from conftest import NUM_EXAMPLES, ROOT, shrink, without_muon, write_shrunk
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -587,3 +587,55 @@ def test_not_even_a_batch_of_1_is_one_line_and_exit_2(tmp_path, capsys):
     command = ["-c", str(demo_config(tmp_path)), "--batch-size", "--max-memory", "0.01"]
     assert tune.main(command) == 2
     assert capsys.readouterr().err.strip() == "error: not even a batch of 1 fits in 0.01 GiB"
+
+
+@pytest.mark.parametrize("num_examples", [pytest.param(8, id="8-examples")])
+def test_the_batch_size_search_gives_every_image_its_own_targets(
+    num_examples, tmp_path, monkeypatch
+):
+    """A batch of detection (images, a list of one target dict per image) made to any size
+    holds as many target dicts as images, each a real sample's: not the first batch's list
+    with its boxes stacked over the batches repeated (what a structural tiling made of it)."""
+    import base.tuning
+    from data_loader.tasks.detection import write_detection
+    from trainer.detection import DetectionTrainer
+
+    write_detection(tmp_path / "data", num_train=24, num_test=8, seed=0)
+    path = write_shrunk(
+        "configs/detection.json", tmp_path / "d.json", tmp_path / "saved",
+        **{"data_loader.args.data_dir": str(tmp_path / "data"), "data_loader.args.batch_size": 4,
+           "arch.args.width": 4, "trainer.tensorboard": False},
+    )  # fmt: skip
+    config = ConfigParser.from_args(argparse.Namespace(config=str(path)))
+    trainer = build_trainer(config, process_info(), torch.device("cpu"), logging.getLogger("t"))
+    real = {
+        repr(target["boxes"].tolist()) for _, targets in trainer.train_loader for target in targets
+    }
+    seen = []
+
+    def counting(step: str):
+        original = getattr(DetectionTrainer, step)
+
+        def counted(self, batch):
+            images, targets = batch
+            seen.append((step, len(images), len(targets)))
+            assert all(repr(target["boxes"].tolist()) in real for target in targets) or (
+                step == "validation_step"  # the validation images' own boxes
+            )
+            return original(self, batch)
+
+        return counted
+
+    for step in ("training_step", "validation_step"):
+        monkeypatch.setattr(DetectionTrainer, step, counting(step))
+    # No budget: memory is not what is checked, and the CPU's measurement costs a gc.collect().
+    monkeypatch.setattr(base.tuning, "peak_memory", lambda device: contextlib.nullcontext())
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(limit=st.integers(1, 21))
+    def check(limit: int) -> None:
+        seen.clear()
+        assert base.tuning.largest_batch(trainer, None, limit) == limit  # memory to spare
+        assert seen and all(images == targets for _, images, targets in seen), seen
+
+    check()
