@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NUM_EXAMPLES, ROOT, shrink, without_muon, write_shrunk
+from conftest import NUM_EXAMPLES, ROOT, run_script, shrink, without_muon, write_shrunk
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -639,3 +639,29 @@ def test_the_batch_size_search_gives_every_image_its_own_targets(
         assert seen and all(images == targets for _, images, targets in seen), seen
 
     check()
+
+
+@pytest.mark.slow  # two torchrun processes and one more, each importing torch (about 40 s)
+def test_under_torchrun_the_curve_is_the_loss_of_every_rank_together(tmp_path: Path):
+    """Two ranks of 16 give the curve of one process of 32 on the same samples (wine's MLP: no
+    BatchNorm, no dropout): each step's loss is averaged over the ranks, and so is the
+    suggestion read from it, the same on every rank."""
+    config = shrink(json.loads((ROOT / "configs/wine.json").read_text()), tmp_path / "saved")
+    config["trainer"]["tensorboard"] = False
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    common = ["tune.py", "-c", str(path), "--lr-range", "--steps", "12", "--min-lr", "1e-4"]
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    ranks = run_script(
+        *launch, *common, "--run-id", "two", "--set", "data_loader.args.batch_size=16"
+    )
+    one = run_script(*common, "--run-id", "one")
+    assert ranks.returncode == 0 and one.returncode == 0, ranks.stderr[-3000:] + one.stderr[-3000:]
+    curves = {}
+    for run in ("two", "one"):
+        with (tmp_path / "saved" / "log" / "Wine_MLP" / run / "lr_range.csv").open() as file:
+            curves[run] = [(float(row["lr"]), float(row["loss"])) for row in csv.DictReader(file)]
+    assert len(curves["two"]) == len(curves["one"]) >= 3
+    for (lr_two, loss_two), (lr_one, loss_one) in zip(curves["two"], curves["one"], strict=True):
+        assert lr_two == lr_one and loss_two == pytest.approx(loss_one, rel=1e-4)
+    assert ranks.stdout.count("Suggested learning rate") == 1  # rank 0's alone
