@@ -116,6 +116,9 @@ def test_tune_py_writes_the_curve_and_prints_the_set_line(tmp_path: Path):
     assert all(math.isfinite(float(row["loss"])) for row in rows)
     assert Image.open(out / "lr_range.png").size == (640, 400)
     assert list(out.glob("events.out.tfevents.*"))
+    # Nothing anywhere else: no checkpoint folder, no other run's log.
+    written = {path.parent for path in (tmp_path / "saved").rglob("*") if path.is_file()}
+    assert written == {out}, written
     lines = [line for line in result.stdout.splitlines() if "--set optimizer.args.lr=" in line]
     assert len(lines) == 1 or "No descent of the loss" in result.stdout + result.stderr
     # Again into the same folder: refused in one line, the first test's files kept.
@@ -383,6 +386,7 @@ def test_tune_py_batch_size_stops_at_the_training_set(tmp_path, capsys):
     assert tune.main([*command, "--max-batch", "1024"]) == 0
     output = capsys.readouterr().out
     assert "--set data_loader.args.batch_size=256" in output and "no larger batch" in output
+    assert not (tmp_path / "saved").exists()  # --batch-size writes nothing
 
 
 @pytest.mark.parametrize("num_examples", [pytest.param(12, id="12-examples")])
