@@ -5,6 +5,7 @@ to end (its files, its --set line, its refusal to touch an existing folder)."""
 import argparse
 import contextlib
 import csv
+import itertools
 import json
 import logging
 import math
@@ -669,3 +670,61 @@ def test_under_torchrun_the_curve_is_the_loss_of_every_rank_together(tmp_path: P
     for (lr_two, loss_two), (lr_one, loss_one) in zip(curves["two"], curves["one"], strict=True):
         assert lr_two == lr_one and loss_two == pytest.approx(loss_one, rel=1e-4)
     assert ranks.stdout.count("Suggested learning rate") == 1  # rank 0's alone
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_rates_and_the_smoothing_are_the_documented_ones(num_examples):
+    """The rates grow geometrically from --min-lr to --max-lr in --steps steps; each point keeps
+    the loss of its own rate, and the smoothed loss is the bias-corrected exponential moving
+    average with beta 0.98, sum_j 0.98^(i-j) 0.02 loss_j / (1 - 0.98^(i+1))."""
+
+    @settings(max_examples=num_examples)
+    @given(
+        log_min=st.floats(-9, 0), decades=st.floats(0.5, 9), num_steps=st.integers(3, 200),
+        seed=st.integers(0, 2**16),
+    )  # fmt: skip
+    def check(log_min: float, decades: float, num_steps: int, seed: int) -> None:
+        min_lr, max_lr = 10**log_min, 10 ** (log_min + decades)
+        rates = geometric(min_lr, max_lr, num_steps)
+        assert len(rates) == num_steps and rates[0] == min_lr
+        assert rates[-1] == pytest.approx(max_lr, rel=1e-12)
+        ratios = [after / before for before, after in itertools.pairwise(rates)]
+        assert ratios == pytest.approx([ratios[0]] * len(ratios), rel=1e-9)
+        noise = torch.rand(num_steps, generator=torch.Generator().manual_seed(seed)).tolist()
+        loss_of = dict(zip(rates, [1 + 0.1 * value for value in noise], strict=True))
+        result = run_range_test(loss_of.__getitem__, rates)
+        assert result.losses == [loss_of[rate] for rate in result.lrs]  # its own rate's
+        for i, smoothed in enumerate(result.smoothed):
+            weights = [0.98 ** (i - j) * 0.02 for j in range(i + 1)]
+            average = sum(w * loss for w, loss in zip(weights, result.losses, strict=False))
+            assert smoothed == pytest.approx(average / (1 - 0.98 ** (i + 1)), rel=1e-9)
+
+    check()
+
+
+def test_each_point_of_the_curve_is_the_loss_of_the_step_at_its_rate(tmp_path, monkeypatch):
+    """Through the engine, with accumulation: the loss recorded at rates[i] is the mean of the
+    training_step losses of the batches whose optimizer step ran at rates[i] (not the next
+    step's, which shows what rates[i] did)."""
+    from trainer.trainer import Trainer
+
+    path = demo_config(tmp_path)
+    config = json.loads(path.read_text())
+    config["trainer"]["grad_accum_steps"] = 2
+    path.write_text(json.dumps(config))
+    parsed = ConfigParser.from_args(argparse.Namespace(config=str(path)))
+    trainer = build_trainer(parsed, process_info(), torch.device("cpu"), logging.getLogger("t"))
+    original, computed = Trainer.training_step, []
+
+    def recorded(self, batch):
+        output = original(self, batch)
+        computed.append((self.optimizer.param_groups[0]["lr"], float(output.loss.detach())))
+        return output
+
+    monkeypatch.setattr(Trainer, "training_step", recorded)
+    rates = geometric(1e-4, 10.0, 8)
+    result = lr_range_test(trainer, rates)
+    assert len(result.lrs) >= 3
+    for rate, loss in zip(result.lrs, result.losses, strict=True):
+        mine = [value for at, value in computed if at == rate]
+        assert len(mine) == 2 and loss == pytest.approx(sum(mine) / 2, rel=1e-6)
