@@ -728,3 +728,18 @@ def test_each_point_of_the_curve_is_the_loss_of_the_step_at_its_rate(tmp_path, m
     for rate, loss in zip(result.lrs, result.losses, strict=True):
         mine = [value for at, value in computed if at == rate]
         assert len(mine) == 2 and loss == pytest.approx(sum(mine) / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("what", ["--lr-range", "--batch-size"])
+def test_a_model_with_nothing_to_train_is_one_line_and_exit_2(what, tmp_path, capsys):
+    """arch.freeze over every parameter: refused before any step, nothing written."""
+    import tune
+
+    path = demo_config(tmp_path)
+    config = json.loads(path.read_text())
+    config["arch"]["freeze"] = ["features", "head"]
+    path.write_text(json.dumps(config))
+    assert tune.main(["-c", str(path), what, "--max-memory", "100"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "\n" not in error and "empty parameter list" in error, error
+    assert not (tmp_path / "saved").exists()
