@@ -147,6 +147,8 @@ def tune_batch_size(
     size = largest_batch(trainer, budget, min(args.max_batch, whole or args.max_batch))
     if size is None:
         where = "the GPU's memory" if args.max_memory is None else f"{args.max_memory} GiB"
+        if device.type == "cpu":  # what a budget below the process at rest cannot hold
+            where += " of the process's peak resident memory (the model, data and torch count)"
         raise UserError(f"not even a batch of 1 fits in {where}")
     if info.is_main:
         old = config["data_loader"]["args"]["batch_size"]
