@@ -10,12 +10,11 @@ model's to within TOLERANCE on all of them.
 """
 
 import argparse
-import contextlib
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -115,6 +114,7 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
 
     from build import example_inputs, export_signature, load_inference_model, weights_note
     from utils import UserError
+    from utils.evaluation.tracing import torch_notes_hidden
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which
@@ -205,46 +205,13 @@ def export_program(
     """torch.export: a graph of ATen operators, saved as .pt2; torch.export.load reads it."""
     import torch
 
+    from utils.evaluation.tracing import rnn_loops
+
     shapes = signature.dynamic_shapes()
     with rnn_loops(bool(signature.dynamic_dims)):
         program = torch.export.export(model, (inputs,), dynamic_shapes=shapes, strict=False)
     torch.export.save(program, str(path))
     return torch.export.load(str(path)).module()
-
-
-@contextlib.contextmanager
-def torch_notes_hidden() -> Iterator[None]:
-    """Without the notes for torch's developers that exporting an nn.GRU or nn.LSTM prints (its
-    _check_is_size, _flat_weights, a while_loop symbol): the parity check judges the file."""
-    import logging
-    import warnings
-
-    serializer = logging.getLogger("torch._export.serde.serialize")
-    level = serializer.level
-    serializer.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "_check_is_size", FutureWarning)
-            warnings.filterwarnings("ignore", "The tensor attributes .*_flat_weights", UserWarning)
-            yield
-    finally:
-        serializer.setLevel(level)
-
-
-@contextlib.contextmanager
-def rnn_loops(dynamic: bool) -> Iterator[None]:
-    """With dims besides the batch dynamic: torch.export's own while_loop decompositions of
-    nn.GRU and nn.LSTM, which keep a sequence's length dynamic (the default one unrolls the
-    steps, fixing it); torch.onnx.export uses the same ones. A no-op on a torch without them."""
-    with contextlib.ExitStack() as stack:
-        try:
-            from torch.export import _patches
-        except ImportError:  # an older torch: the default decompositions
-            dynamic = False
-        if dynamic:
-            stack.enter_context(_patches.register_gru_while_loop_decomposition())
-            stack.enter_context(_patches.register_lstm_while_loop_decomposition())
-        yield
 
 
 def export_torchscript(

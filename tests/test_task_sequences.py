@@ -32,6 +32,7 @@ from build import load_inference_model
 from data_loader.data_loaders import SequenceDataLoader, SyntheticDataLoader
 from data_loader.tasks.sequences import PAD, pad_batch, write_sequences
 from model.sequence import GRUClassifier
+from utils.evaluation import tracing
 from utils.util import DataError
 
 RUN = Path("models") / "Sequences_GRU"
@@ -412,7 +413,7 @@ def test_an_export_that_fixes_the_length_fails_the_parity_check(
 ):
     """Without the while_loop decomposition, torch.export unrolls the GRU over the 16 steps of
     the example: the check on another length catches it, and nothing is written."""
-    monkeypatch.setattr(export, "rnn_loops", lambda dynamic: contextlib.nullcontext())
+    monkeypatch.setattr(tracing, "rnn_loops", lambda dynamic: contextlib.nullcontext())
     out = tmp_path / "model.pt2"
     assert export.main(["-r", str(untrained_checkpoint), "--out", str(out)]) == 1
     err = capsys.readouterr().err
