@@ -113,8 +113,8 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     import torch
 
     from build import example_inputs, export_signature, load_inference_model, weights_note
-    from utils import UserError
-    from utils.evaluation.tracing import torch_notes_hidden
+    from utils import UserError, describe_error
+    from utils.evaluation.tracing import torch_notes_hidden, value_reads
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which
@@ -132,11 +132,24 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     if not isinstance(expected[0], torch.Tensor):  # e.g. a detector's list of dicts per image
         kind = type(expected[0]).__name__
         raise UserError(f"{args.resume}: the model returns a {kind}; export needs a tensor")
+    reads = value_reads(model, inputs)
+    if reads:  # checked before exporting: TorchScript would trace one branch without a word
+        raise UserError(
+            f"{args.resume}: the model reads a tensor's value in Python at {reads[0]} (a branch "
+            "on the data, .item()); an exported file would take the branch of the example "
+            "inputs for every input: write it with tensor operations (e.g. torch.where)"
+        )
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         staged = staging / out.name
-        with torch_notes_hidden():
-            run_file = EXPORTERS[args.format](model, inputs, staged, signature)
+        try:
+            with torch_notes_hidden():
+                run_file = EXPORTERS[args.format](model, inputs, staged, signature)
+        except Exception as error:  # the eager model ran these inputs: what the format lacks
+            raise UserError(
+                f"{args.format}: torch cannot export this model ({describe_error(error)}); "
+                f"{out} not written"
+            ) from None
         difference = 0.0
         for (what, batch), logits in zip(checks, expected, strict=True):
             try:

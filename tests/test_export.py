@@ -23,7 +23,9 @@ import torch
 from conftest import ROOT, run_main, run_script
 
 import export
+import model.model as arch_module
 from build import load_inference_model
+from model.model import CifarCNN
 
 ONNX_MISSING = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
 FORMATS = [
@@ -202,3 +204,58 @@ def test_a_size_the_eager_model_refuses_by_value_error_is_left_out():
 
     checked = export.resized(multiples_of_4, torch.zeros(2, 3, 4, 4), {3: "width"})
     assert [label for label, _ in checked] == ["width 8"]
+
+
+class ValueBranchCNN(CifarCNN):
+    """The demo CNN, its logits negated for a batch darker than any normalised image: a branch
+    on the data that the random example inputs never take."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(images)
+        if images.mean() < -100:  # a Python bool of a tensor's value: no trace keeps it
+            return -logits
+        return logits
+
+
+BRANCH_LINE = f"{Path(__file__)}:{ValueBranchCNN.forward.__code__.co_firstlineno + 2}"
+
+
+@pytest.mark.parametrize(("format_name", "suffix"), FORMATS)
+def test_a_model_that_branches_on_values_is_refused_in_one_line(
+    demo_checkpoint, tmp_path, capsys, monkeypatch, format_name, suffix
+):
+    """TorchScript traced the branch of the example inputs and wrote a file that ignores it
+    (the parity check never saw a dark batch); torch.export failed with a traceback."""
+    monkeypatch.setattr(arch_module, "ValueBranchCNN", ValueBranchCNN, raising=False)
+    monkeypatch.setattr(arch_module, "__all__", [*arch_module.__all__, "ValueBranchCNN"])
+    state = torch.load(demo_checkpoint, weights_only=True)
+    state["config"]["arch"]["type"] = "ValueBranchCNN"
+    checkpoint = tmp_path / "branch.pth"
+    torch.save(state, checkpoint)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / f"model{suffix}"
+    assert export.main(["-r", str(checkpoint), "--format", format_name, "--out", str(out)]) == 2
+    _, err = capsys.readouterr()
+    assert err == (
+        f"error: {checkpoint}: the model reads a tensor's value in Python at {BRANCH_LINE} (a "
+        "branch on the data, .item()); an exported file would take the branch of the example "
+        "inputs for every input: write it with tensor operations (e.g. torch.where)\n"
+    )
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_model_torch_cannot_export_is_one_line_and_writes_nothing(
+    demo_checkpoint, tmp_path, capsys, monkeypatch
+):
+    def unsupported(model, inputs, path, signature):
+        path.write_bytes(b"half a file")
+        raise RuntimeError("an operator the exporter lacks\nand torch's advice on it")
+
+    monkeypatch.setitem(export.EXPORTERS, "export", unsupported)
+    out = tmp_path / "model.pt2"
+    assert export.main(["-r", str(demo_checkpoint), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "error: export: torch cannot export this model (RuntimeError: an operator the exporter "
+        f"lacks); {out} not written\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -1,9 +1,14 @@
 """What tracing a model for export.py does beside the graph: torch's notes for its own
-developers, hidden, and its while-loop decompositions of nn.GRU and nn.LSTM, which keep a
-sequence's length dynamic."""
+developers, hidden; its while-loop decompositions of nn.GRU and nn.LSTM, which keep a
+sequence's length dynamic; and where a model reads tensor values in Python, which no trace keeps."""
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @contextlib.contextmanager
@@ -39,3 +44,34 @@ def rnn_loops(dynamic: bool) -> Iterator[None]:
             stack.enter_context(_patches.register_gru_while_loop_decomposition())
             stack.enter_context(_patches.register_lstm_while_loop_decomposition())
         yield
+
+
+def value_reads(model: "torch.nn.Module", inputs: "torch.Tensor") -> list[str]:
+    """The places ("file:line") where the model's forward on `inputs` reads a tensor's value into
+    Python (`if x.sum() > 0`, .item(), int(x)): a traced file keeps the branch these inputs
+    took for every input (TorchScript, silently), and torch.export refuses them. Shapes read
+    in Python are plain ints in eager mode, not reads."""
+    import traceback
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch_dir = str(Path(torch.__file__).parent)
+    found: list[str] = []
+
+    class ValueReads(TorchDispatchMode):
+        def __torch_dispatch__(
+            self, func: Callable, types: tuple, args: tuple = (), kwargs: dict | None = None
+        ) -> object:
+            # Every tensor-to-Python-number conversion runs this one operator.
+            if func is torch.ops.aten._local_scalar_dense.default:
+                # The innermost frame outside torch (and this one): the user's line.
+                frames = traceback.extract_stack()[:-1]
+                ours = [frame for frame in frames if not frame.filename.startswith(torch_dir)]
+                if ours:
+                    found.append(f"{ours[-1].filename}:{ours[-1].lineno}")
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), ValueReads():
+        model(inputs)
+    return list(dict.fromkeys(found))
