@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, run_main, run_script
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import export
 import model.model as arch_module
@@ -259,3 +261,43 @@ def test_a_model_torch_cannot_export_is_one_line_and_writes_nothing(
         f"lacks); {out} not written\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("format_name", "suffix"), FORMATS)
+def test_the_exported_file_is_the_eager_model_on_any_batch(
+    demo_checkpoint, tmp_path, format_name, suffix
+):
+    """Exported at batch 8: the file's logits are the eager model's (load_inference_model's,
+    in evaluation mode: its dropout off, its BatchNorm's running statistics) within TOLERANCE,
+    for any batch size and inputs of any scale the parity check never ran."""
+    out = tmp_path / f"model{suffix}"
+    export_file(demo_checkpoint, format_name, out)
+    model, _, _ = load_inference_model(demo_checkpoint)
+    run_file = {
+        "export": lambda: torch.export.load(out).module(),
+        "torchscript": lambda: torch.jit.load(out, map_location="cpu"),
+        "onnx": lambda: onnx_runner(out),
+    }[format_name]()
+
+    @settings(max_examples=20, deadline=None)
+    @given(
+        batch=st.integers(1, 19),
+        scale=st.floats(0.01, 100),
+        seed=st.integers(0, 2**16),
+    )
+    def check(batch: int, scale: float, seed: int) -> None:
+        images = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+        images *= scale
+        with torch.no_grad():
+            expected, found = model(images), run_file(images)
+        # Relative to the logits' size: inputs 100 times larger make logits that large.
+        assert (found - expected).abs().max() <= export.TOLERANCE * max(1, expected.abs().max())
+
+    check()
+
+
+def onnx_runner(path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The .onnx file as a function of a batch, through onnxruntime."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
