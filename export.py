@@ -59,17 +59,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from utils import UserError
+    from utils.evaluation.predictions import writable_file
 
-    out = Path(args.out)
     try:
+        if Path(args.out).suffix != SUFFIXES[args.format]:
+            raise UserError(
+                f"--out {args.out}: a --format {args.format} file must end in "
+                f"{SUFFIXES[args.format]}"
+            )
+        # Before the work, not at its end: a folder, or one missing or read-only, is refused.
+        out = writable_file("--out", args.out)
         if out.exists() and not args.force:
             raise UserError(f"--out {out}: already exists; pass --force to replace it")
-        if out.suffix != SUFFIXES[args.format]:
-            raise UserError(
-                f"--out {out}: a --format {args.format} file must end in {SUFFIXES[args.format]}"
-            )
-        if not out.parent.is_dir():
-            raise UserError(f"--out {out}: folder {out.parent} not found")
+        if out.exists() and Path(args.resume).is_file() and out.samefile(args.resume):
+            raise UserError(f"--out {out}: is the checkpoint to export (-r); name another file")
         if args.format == "onnx":
             require_onnx()
         export_checkpoint(args, out)

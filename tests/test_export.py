@@ -179,6 +179,33 @@ def test_bad_input_is_one_line_and_writes_nothing(case, demo_checkpoint, tmp_pat
     assert (tmp_path / "kept.pt2").read_text() == "keep me"
 
 
+FORCED = {
+    "a folder": ("export", "{t}/folder.pt2", "--out {t}/folder.pt2: is a folder"),
+    "the checkpoint": (
+        "torchscript", "{t}/model.pt", "--out {t}/model.pt: is the checkpoint to export (-r); name "
+        "another file",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", FORCED)
+def test_force_replaces_neither_a_folder_nor_the_checkpoint(
+    case, demo_checkpoint, tmp_path, capsys
+):
+    """A folder named --out with --force was found after the whole export, as a traceback of
+    os.replace; a checkpoint named model.pt exported to itself was replaced by the file."""
+    (tmp_path / "folder.pt2").mkdir()
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.write_bytes(demo_checkpoint.read_bytes())
+    format_name, out, expected = (text.format(t=tmp_path) for text in FORCED[case])
+    arguments = ["-r", str(checkpoint), "--format", format_name, "--out", out, "--force"]
+    assert export.main(arguments) == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: {expected}\n" and out == ""
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["folder.pt2", "model.pt"]
+    assert checkpoint.read_bytes() == demo_checkpoint.read_bytes()
+
+
 def test_onnx_without_its_packages_names_the_extra(demo_checkpoint, tmp_path, capsys, monkeypatch):
     find_spec = importlib.util.find_spec
 
