@@ -241,9 +241,15 @@ class TabularDataLoader(BaseDataLoader):
 
     @classmethod
     def example_inputs(cls, args: dict, model: torch.nn.Module, batch_size: int) -> torch.Tensor:
-        """export.py: random rows of the model's width (its in_features), (B, F) float32."""
+        """export.py: random rows of the model's width (its in_features), (B, F) float32, spread
+        as its training rows were where the model keeps their mean and std (TabularMLP): the
+        parity check then runs the values it will see, not ones thousands of stds away."""
         generator = torch.Generator().manual_seed(0)
-        return torch.randn(batch_size, model.in_features, generator=generator)
+        rows = torch.randn(batch_size, model.in_features, generator=generator)
+        mean, std = getattr(model, "input_mean", None), getattr(model, "input_std", None)
+        if isinstance(mean, torch.Tensor) and isinstance(std, torch.Tensor):
+            rows = (rows * std + mean).float()  # (B, F) * (F,) + (F,)
+        return rows
 
 
 def identity(values: Any) -> Any:

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import export
 import model.model as arch_module
 from build import load_inference_model
+from data_loader.tabular import TabularDataLoader
 from model.model import CifarCNN, TabularMLP
 
 ONNX_MISSING = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
@@ -365,3 +366,29 @@ def onnx_runner(path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
     onnxruntime = pytest.importorskip("onnxruntime")
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    means=st.lists(st.floats(-1e4, 1e4), min_size=10, max_size=10),
+    stds=st.lists(st.floats(1e-2, 1e3), min_size=10, max_size=10),
+)
+def test_a_tables_example_inputs_are_spread_as_its_training_rows(means, stds):
+    """export.py checks a TabularMLP on rows as its standardisation sees training rows (about
+    mean 0, std 1 each), not on standard normal rows, which a column of years (mean 2000, std
+    10) standardises to -200: a check of values the model never meets."""
+    model = TabularMLP(in_features=10)
+    model.input_mean.copy_(torch.tensor(means))
+    model.input_std.copy_(torch.tensor(stds))
+    rows = TabularDataLoader.example_inputs({}, model, 8)
+    assert rows.shape == (8, 10) and rows.dtype == torch.float32
+    standardised = (rows.double() - model.input_mean) / model.input_std  # (8, 10)
+    assert standardised.mean().abs() < 0.5 and 0.5 < standardised.std() < 1.5
+
+
+def test_a_column_of_years_is_checked_near_its_years():
+    model = TabularMLP(in_features=10)
+    model.input_mean.fill_(2000.0)
+    model.input_std.fill_(10.0)
+    rows = TabularDataLoader.example_inputs({}, model, 8)
+    assert rows.min() > 1950 and rows.max() < 2050
