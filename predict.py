@@ -120,6 +120,7 @@ def predict(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int
     if flat:  # images through the run's evaluation transform, then the loader's rows
         from build import input_transform
         from data_loader.data_loaders import load_image
+        from utils.evaluation.predictions import hooked_rows
 
         inputs = [input_transform(config)(load_image(str(path))) for path in paths]
         rows = hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)
@@ -142,7 +143,7 @@ def predict_rows(
     import torch
 
     from utils import UserError
-    from utils.evaluation.predictions import class_labels
+    from utils.evaluation.predictions import class_labels, hooked_rows
 
     rows: list[dict] = []
     flat = hasattr(loader_class, "prediction_rows")
@@ -242,57 +243,6 @@ def predict_images(
             shown = "  ".join(f"{name} {value:.4f}" for name, value in pairs)
             progress.write(f"{path}  {shown}", file=sys.stdout)
     progress.close()
-    return rows
-
-
-def hooked_rows(
-    model: object,
-    state: dict,
-    loader_class: type,
-    names: list[str],
-    inputs: list,
-    batch_size: int,
-    out_dir: Path | None,
-) -> list[dict]:
-    """loader_class.prediction_rows of `inputs` (each (C, ...)) with the model's raw outputs on
-    the CPU, in batches of consecutive inputs of one shape (at most batch_size); each row printed.
-    An input the model refuses (a U-Net's size its stride does not divide) is a UserError."""
-    import torch
-
-    from utils import UserError
-    from utils.util import describe_error
-
-    rows: list[dict] = []
-    start = 0
-    while start < len(inputs):
-        end = start + 1  # the run of inputs of the first one's shape, up to a batch
-        while (
-            end < len(inputs)
-            and end - start < batch_size
-            and inputs[end].shape == inputs[start].shape
-        ):
-            end += 1
-        batch = torch.stack(inputs[start:end])
-        try:
-            with torch.inference_mode():
-                outputs = model(batch)
-        except (RuntimeError, ValueError) as error:  # what does not fit, as train.py's check
-            raise UserError(
-                f"{names[start]}: the model refuses inputs {tuple(batch.shape[1:])}: "
-                f"{describe_error(error)}"
-            ) from None
-        if isinstance(outputs, torch.Tensor):  # logits; else as the model gives them (detections)
-            outputs = outputs.float()
-        batch_rows = loader_class.prediction_rows(
-            names[start:end],
-            outputs,
-            class_names=list(state.get("class_names") or []),
-            out_dir=out_dir,
-        )
-        for row in batch_rows:
-            print("  ".join(str(value) for value in row.values()))
-        rows += batch_rows
-        start = end
     return rows
 
 

@@ -1,6 +1,6 @@
 """predict.py's files and names: where its rows go (--out, --out-dir), which files its inputs
-name, the class names of a checkpoint, and the rows as CSV or JSON; the checks of an output
-file that test.py shares."""
+name, the class names of a checkpoint, a loader's own rows (hooked_rows), and the rows as CSV or
+JSON; the checks of an output file that test.py shares."""
 
 import csv
 import glob
@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from utils.util import IMAGE_EXTENSIONS, UserError, warn_unread_images
+from utils.util import IMAGE_EXTENSIONS, UserError, describe_error, warn_unread_images
 
 
 def writable_file(flag: str, text: str) -> Path:
@@ -168,3 +168,51 @@ def format_rows(rows: list[dict], suffix: str, *, flat: bool = False) -> str:
         pairs = zip(row["labels"], row["probabilities"], strict=True)
         writer.writerow([row["path"], *(item for pair in pairs for item in pair)])
     return buffer.getvalue()
+
+
+def hooked_rows(
+    model: object,
+    state: dict,
+    loader_class: type,
+    names: list[str],
+    inputs: list,
+    batch_size: int,
+    out_dir: Path | None,
+) -> list[dict]:
+    """loader_class.prediction_rows of `inputs` (each (C, ...)) with the model's raw outputs on
+    the CPU, in batches of consecutive inputs of one shape (at most batch_size); each row printed.
+    An input the model refuses (a U-Net's size its stride does not divide) is a UserError."""
+    import torch
+
+    rows: list[dict] = []
+    start = 0
+    while start < len(inputs):
+        end = start + 1  # the run of inputs of the first one's shape, up to a batch
+        while (
+            end < len(inputs)
+            and end - start < batch_size
+            and inputs[end].shape == inputs[start].shape
+        ):
+            end += 1
+        batch = torch.stack(inputs[start:end])
+        try:
+            with torch.inference_mode():
+                outputs = model(batch)
+        except (RuntimeError, ValueError) as error:  # what does not fit, as train.py's check
+            raise UserError(
+                f"{names[start]}: the model refuses inputs {tuple(batch.shape[1:])}: "
+                f"{describe_error(error)}"
+            ) from None
+        if isinstance(outputs, torch.Tensor):  # logits; else as the model gives them (detections)
+            outputs = outputs.float()
+        batch_rows = loader_class.prediction_rows(
+            names[start:end],
+            outputs,
+            class_names=list(state.get("class_names") or []),
+            out_dir=out_dir,
+        )
+        for row in batch_rows:
+            print("  ".join(str(value) for value in row.values()))
+        rows += batch_rows
+        start = end
+    return rows
