@@ -120,6 +120,7 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     from build import example_inputs, export_signature, load_inference_model, weights_note
     from utils import UserError, describe_error
     from utils.evaluation.tracing import torch_notes_hidden, value_reads
+    from utils.evaluation.tta import as_evaluated
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which
@@ -128,6 +129,8 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
     # Inputs of the exact shape and value range the model sees, on the CPU: random images
     # through the run's evaluation transform, or what the data loader says (example_inputs).
     inputs = example_inputs(config, model, args.batch_size)
+    # The model test.py scores: averaged over the run's test-time augmentation views (tta_*).
+    model = as_evaluated(model, config["trainer"])
     # The batch of the export, batch 1 (the batch dimension must be dynamic), and inputs of
     # other sizes along each dynamic dim, which the export never saw: (what, inputs).
     checks = [(f"batch {len(inputs)}", inputs), ("batch 1", inputs[:1])]

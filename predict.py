@@ -82,6 +82,7 @@ def predict(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int
     import data_loader.data_loaders as data_module
     from build import load_inference_model, weights_note
     from utils.evaluation.predictions import check_outputs, image_paths, output_folder
+    from utils.evaluation.tta import as_evaluated
 
     model, config, state = load_inference_model(Path(args.resume), weights=args.weights)
     if state.get("ema"):  # a choice was made: say which (stdout holds the predictions)
@@ -115,6 +116,8 @@ def predict(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int
     check_outputs(planned, args.inputs, out=out, force=args.force)
     if out_dir is not None:
         out_dir.mkdir(exist_ok=True)
+    # The model test.py scores: averaged over the run's test-time augmentation views (tta_*).
+    model = as_evaluated(model, config["trainer"])
     if hasattr(loader_class, "read_inputs"):
         return predict_rows(args, model, state, loader_class, read, out_dir), len(args.inputs), flat
     if flat:  # images through the run's evaluation transform, then the loader's rows

@@ -16,6 +16,7 @@ import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 
 import export
 import model.model as arch_module
+from base.evaluation import averaged_over_views
 from build import load_inference_model
 from data_loader.tabular import TabularDataLoader
 from model.model import CifarCNN, TabularMLP
@@ -392,3 +394,26 @@ def test_a_column_of_years_is_checked_near_its_years():
     model.input_std.fill_(10.0)
     rows = TabularDataLoader.example_inputs({}, model, 8)
     assert rows.min() > 1950 and rows.max() < 2050
+
+
+def test_a_run_with_test_time_augmentation_exports_the_average_test_py_scores(
+    demo_checkpoint, tmp_path
+):
+    """trainer.tta_flip and tta_translate: test.py scores the model averaged over 6 views of
+    each image (base/evaluation.py's averaged_over_views); the file held the plain model."""
+    state = torch.load(demo_checkpoint, weights_only=True)
+    state["config"]["trainer"].update(tta_flip=True, tta_translate=1)
+    checkpoint = tmp_path / "tta.pth"
+    torch.save(state, checkpoint)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "model.pt2"
+    export_file(checkpoint, "export", out)
+    model, config, _ = load_inference_model(checkpoint)
+    trainer = SimpleNamespace(options=config["trainer"], model=model)
+    images = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), averaged_over_views(trainer, model):
+        expected = trainer.model(images)  # (5, 10), test.py's
+        plain = model(images)
+    with torch.inference_mode():
+        found = torch.export.load(out).module()(images)
+    assert (found - expected).abs().max() <= export.TOLERANCE < (plain - expected).abs().max()

@@ -11,6 +11,7 @@ import csv
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +20,9 @@ from conftest import ENTRY_POINTS, NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, run_sc
 from PIL import Image
 
 import predict
+from base.evaluation import averaged_over_views
+from build import input_transform, load_inference_model
+from data_loader.image_files import load_image
 from data_loader.synthetic import SyntheticShapes
 from utils.evaluation.predictions import image_paths
 
@@ -309,3 +313,29 @@ def test_data_without_a_transform_preset_is_refused(tmp_path, capsys):
         f"error: {tmp_path}/d.pth (its config): data_loader: NoisyShapesDataLoader"
     )
     assert "preset" in err and err.count("\n") == 1
+
+
+def test_a_run_with_test_time_augmentation_predicts_what_test_py_scores(demo_checkpoint, tmp_path):
+    """trainer.tta_flip: test.py scores the model averaged over each image and its mirror image
+    (base/evaluation.py's averaged_over_views); predict.py gave the plain model's classes."""
+
+    def flipped_views(state: dict) -> None:
+        state["config"]["trainer"]["tta_flip"] = True
+
+    checkpoint = edited_checkpoint(demo_checkpoint, tmp_path / "tta.pth", flipped_views)
+    paths = write_images(tmp_path / "images", [f"{index}.png" for index in range(6)])
+    out = tmp_path / "predicted.json"
+    arguments = ["-r", str(checkpoint), str(tmp_path / "images"), "--top-k", "10"]
+    result = run_main("predict.py", *arguments, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())
+    model, config, _ = load_inference_model(checkpoint)
+    trainer = SimpleNamespace(options=config["trainer"], model=model)
+    images = torch.stack([input_transform(config)(load_image(str(path))) for path in paths])
+    with torch.no_grad(), averaged_over_views(trainer, model):
+        probabilities = trainer.model(images).softmax(dim=1)  # (6, 10), test.py's
+    assert [row["path"] for row in rows] == [str(path) for path in paths]
+    for row, expected in zip(rows, probabilities, strict=True):
+        top = expected.topk(10)
+        assert row["labels"] == [CLASSES[index] for index in top.indices.tolist()]
+        assert row["probabilities"] == pytest.approx(top.values.tolist(), abs=1e-6)

@@ -140,3 +140,17 @@ def move(images: torch.Tensor, shift: int, edges: str = "reflect") -> torch.Tens
     padded = functional.pad(images, (size,) * 4, mode=mode)  # (..., H + 2s, W + 2s)
     start = size - shift  # 0 moves the content down-right, 2s up-left
     return padded[..., start : start + height, start : start + width]
+
+
+def as_evaluated(model: nn.Module, options: dict) -> nn.Module:
+    """`model` as validation and test.py run it, for predict.py and export.py: averaged over the
+    views the trainer options (config "trainer") name with tta_*, or `model` itself without them."""
+    if not (options["tta_flip"] or options["tta_translate"]):
+        return model
+    return AverageOverViews(
+        model,
+        flip=options["tta_flip"],
+        translate=options["tta_translate"],
+        average=options["tta_average"],
+        translate_weight=options["tta_translate_weight"],
+    ).eval()
