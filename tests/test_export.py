@@ -139,6 +139,30 @@ def test_ema_exports_the_averaged_weights(demo_checkpoint, tmp_path, capsys):
     assert torch.equal(logits, torch.zeros(3, 10))
 
 
+@pytest.mark.parametrize("flags", [[], ["--weights", "auto"]])
+def test_auto_exports_the_averaged_weights_the_monitor_judged(
+    demo_checkpoint, tmp_path, capsys, flags
+):
+    """A run whose trainer.monitor watched val/ema_...: test.py scores its averaged weights by
+    default, and so does the file."""
+    state = torch.load(demo_checkpoint, weights_only=True)
+    averaged = {f"module.{key}": value.clone() for key, value in state["model"].items()}
+    averaged["module.head.weight"].zero_()  # averaged weights whose logits are all zero
+    averaged["module.head.bias"].zero_()
+    state.update(ema={**averaged, "n_averaged": torch.tensor(3)}, weights="ema")
+    state["config"]["trainer"].update(ema_decay=0.99, monitor="max val/ema_accuracy")
+    torch.save(state, tmp_path / "ema.pth")
+    out = tmp_path / "ema.pt2"
+    assert export.main(["-r", str(tmp_path / "ema.pth"), "--out", str(out), *flags]) == 0
+    assert capsys.readouterr().out.startswith(
+        f"{tmp_path / 'ema.pth'}: the averaged weights (trainer.monitor 'max val/ema_accuracy' "
+        "judged them)\n"
+    )
+    with torch.inference_mode():
+        logits = torch.export.load(out).module()(torch.randn(3, 3, 32, 32))
+    assert torch.equal(logits, torch.zeros(3, 10))
+
+
 def test_a_parity_failure_writes_nothing(demo_checkpoint, tmp_path, capsys, monkeypatch):
     out = tmp_path / "model.pt2"
     exporter = export.EXPORTERS["export"]
@@ -336,7 +360,8 @@ def test_the_exported_file_is_the_eager_model_on_any_batch(
 ):
     """Exported at batch 8: the file's logits are the eager model's (load_inference_model's,
     in evaluation mode: its dropout off, its BatchNorm's running statistics) within TOLERANCE,
-    for any batch size and inputs of any scale the parity check never ran."""
+    for any batch size, inputs of any scale and either memory format (channels_last), none of
+    which the parity check ran."""
     out = tmp_path / f"model{suffix}"
     export_file(demo_checkpoint, format_name, out)
     model, _, _ = load_inference_model(demo_checkpoint)
@@ -351,10 +376,13 @@ def test_the_exported_file_is_the_eager_model_on_any_batch(
         batch=st.integers(1, 19),
         scale=st.floats(0.01, 100),
         seed=st.integers(0, 2**16),
+        channels_last=st.booleans(),
     )
-    def check(batch: int, scale: float, seed: int) -> None:
+    def check(batch: int, scale: float, seed: int, channels_last: bool) -> None:
         images = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
         images *= scale
+        if channels_last:  # what a run with trainer.channels_last feeds its model
+            images = images.contiguous(memory_format=torch.channels_last)
         with torch.no_grad():
             expected, found = model(images), run_file(images)
         # Relative to the logits' size: inputs 100 times larger make logits that large.
