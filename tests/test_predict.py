@@ -24,6 +24,7 @@ from base.evaluation import averaged_over_views
 from build import input_transform, load_inference_model
 from data_loader.image_files import load_image
 from data_loader.synthetic import SyntheticShapes
+from data_loader.tasks.sequences import write_sequences
 from utils.evaluation.predictions import image_paths
 
 CLASSES = list(SyntheticShapes.classes)
@@ -339,3 +340,27 @@ def test_a_run_with_test_time_augmentation_predicts_what_test_py_scores(demo_che
         top = expected.topk(10)
         assert row["labels"] == [CLASSES[index] for index in top.indices.tolist()]
         assert row["probabilities"] == pytest.approx(top.values.tolist(), abs=1e-6)
+
+
+def test_predict_py_on_a_jsonl_test_file_gets_test_py_s_accuracy(tmp_path):
+    """Sequences: predict.py reads the test file itself (its labels ignored), pads it as one
+    file and runs batches of 5 where test.py pads and runs batches of 32: the same classes."""
+    write_sequences(tmp_path / "data", sizes={"train": 64, "val": 16, "test": 24})
+    overrides = {"data_loader.args.data_dir": str(tmp_path / "data"), "trainer.epochs": 1}
+    config = write_shrunk(
+        "configs/sequences.json", tmp_path / "c.json", tmp_path / "saved", **overrides
+    )
+    assert run_main("train.py", "-c", str(config), "--run-id", "r").returncode == 0
+    checkpoint = tmp_path / "saved" / "models" / "Sequences_GRU" / "r" / "checkpoint-epoch1.pth"
+    report = tmp_path / "report.json"
+    result = run_main("test.py", "-r", str(checkpoint), "--json", str(report))
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = json.loads(report.read_text())["metrics"]["test/accuracy"]
+    test_file, out = tmp_path / "data" / "test.jsonl", tmp_path / "predicted.json"
+    arguments = [str(test_file), "--batch-size", "5", "--top-k", "1", "--out", str(out)]
+    result = run_main("predict.py", "-r", str(checkpoint), *arguments)
+    assert result.returncode == 0, result.stderr[-3000:]
+    labels = [json.loads(line)["label"] for line in test_file.read_text().splitlines()]
+    predicted = [row["labels"][0] for row in json.loads(out.read_text())]
+    hits = [label == guess for label, guess in zip(labels, predicted, strict=True)]
+    assert accuracy == pytest.approx(sum(hits) / len(hits), abs=1e-9)
