@@ -168,6 +168,11 @@ def export_checkpoint(args: argparse.Namespace, out: Path) -> None:
                     f"{args.format}: the exported model fails on {what} {tuple(batch.shape)} "
                     f"({str(error).strip().splitlines()[0]}); {out} not written"
                 ) from None
+            if found.shape != logits.shape:  # else the difference broadcasts, e.g. (1, B, K)
+                raise ParityError(
+                    f"{args.format}: the exported model gives shape {tuple(found.shape)} on "
+                    f"{what}, the eager model {tuple(logits.shape)}; {out} not written"
+                )
             difference = max(difference, (found - logits).abs().max().item())
         scale = max(logits.abs().max().item() for logits in expected)  # the difference's yardstick
         allowed = TOLERANCE * max(1.0, scale)

@@ -184,6 +184,28 @@ def test_a_parity_failure_writes_nothing(demo_checkpoint, tmp_path, capsys, monk
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_output_of_another_shape_is_a_parity_failure(
+    demo_checkpoint, tmp_path, capsys, monkeypatch
+):
+    """The file's logits with an extra leading dim, (1, B, K): the same values, which the
+    difference broadcast against the eager (B, K) and passed as 0; a caller indexing the
+    file's output by sample would get the whole batch."""
+    exporter = export.EXPORTERS["export"]
+
+    def one_more_dim(model, inputs, path, signature):
+        run_file = exporter(model, inputs, path, signature)
+        return lambda images: run_file(images).unsqueeze(0)
+
+    monkeypatch.setitem(export.EXPORTERS, "export", one_more_dim)
+    out = tmp_path / "model.pt2"
+    assert export.main(["-r", str(demo_checkpoint), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        "error: export: the exported model gives shape (1, 8, 10) on batch 8, the eager model "
+        f"(8, 10); {out} not written\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def regression_checkpoint(folder: Path, target_mean: float) -> Path:
     """configs/tabular.json's TabularMLP (randomly initialised), its outputs in a target's
     units around target_mean (e.g. prices): its standardisation buffers set as fit_data sets
