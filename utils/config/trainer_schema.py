@@ -146,7 +146,10 @@ class TrainerConfig:
         "the kept share grows as (step / total steps) ** this; `0`: constant (the paper's)",
     )
     tta_flip: bool = key(
-        False, BOOL, "validation and test.py also see each image mirrored (test-time augmentation)"
+        False,
+        BOOL,
+        "validation, test.py, predict.py and export.py also see each image mirrored "
+        "(test-time augmentation)",
     )
     tta_translate: int = key(
         0,
