@@ -30,6 +30,7 @@ from conftest import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from test_model import assert_refuses_numbers_of_classes_that_are_no_count
 
 from data_loader.tasks.detection import DetectionDataLoader, write_detection
 from model.detector import TinyDetector
@@ -683,3 +684,7 @@ def test_batch_mixing_of_a_detector_is_refused_in_one_line(data_dir, tmp_path, m
         "would have to mix the boxes too); set mixup_alpha and cutmix_alpha to 0"
     )
     assert not (tmp_path / "saved").exists()
+
+
+def test_tiny_detector_refuses_a_number_of_classes_that_is_no_count():
+    assert_refuses_numbers_of_classes_that_are_no_count("TinyDetector", {"width": 4})

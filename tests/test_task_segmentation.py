@@ -29,6 +29,10 @@ from conftest import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import ExifTags, Image, ImageOps
+from test_model import (
+    assert_a_batch_of_one_trains,
+    assert_refuses_numbers_of_classes_that_are_no_count,
+)
 
 from data_loader.tasks.segmentation import (
     MaskFolder,
@@ -723,3 +727,8 @@ def test_two_processes_validate_as_one_process_does(tmp_path):
     assert report["num_samples"] == 12
     assert report["metrics"]["val/accuracy"] == recorded["val/accuracy"]
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
+
+
+def test_unet_refuses_a_number_of_classes_that_is_no_count_and_trains_a_batch_of_one():
+    assert_refuses_numbers_of_classes_that_are_no_count("UNet", {})
+    assert_a_batch_of_one_trains("UNet", {"num_classes": 3}, (3, 16, 16))

@@ -26,6 +26,7 @@ from conftest import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_model import assert_refuses_numbers_of_classes_that_are_no_count
 
 import export
 from build import load_inference_model
@@ -486,3 +487,7 @@ def test_two_processes_validate_as_one_does(tmp_path):
     assert report["num_samples"] == 70
     assert report["metrics"]["val/accuracy"] == recorded["val/accuracy"]
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
+
+
+def test_gru_classifier_refuses_a_number_of_classes_that_is_no_count():
+    assert_refuses_numbers_of_classes_that_are_no_count("GRUClassifier", {"vocab_size": 5})

@@ -495,11 +495,10 @@ def test_test_py_evaluates_a_student_without_its_teacher(tmp_path):
 
 BAD_ARGUMENTS = st.one_of(
     st.fixed_dictionaries(
-        {"temperature": st.sampled_from(["4", None, [4.0], True, 0, -1.0, float("inf")])}
+        # (NaN and Infinity are refused as the config is read: tests/test_config.py)
+        {"temperature": st.sampled_from(["4", None, [4.0], True, 0, -1.0])}
     ),
-    st.fixed_dictionaries(
-        {"alpha": st.sampled_from(["0.5", None, False, -0.1, 1.5, float("nan")])}
-    ),
+    st.fixed_dictionaries({"alpha": st.sampled_from(["0.5", None, False, -0.1, 1.5])}),
     st.fixed_dictionaries({"teacher": st.sampled_from([5, None, ["a.pth"], {"path": "a.pth"}])}),
 )
 
