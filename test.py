@@ -7,7 +7,6 @@ python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--w
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 from pathlib import Path
@@ -64,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from parse_config import ConfigParser
     from utils import UserError
     from utils.distributed.device import gpu_indices
+    from utils.distributed.process_group import process_info
 
     try:
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 "--confusion-png: no confusion matrix (the data has no classes, the model's "
                 "outputs are not class scores, or a label is no class nor ignore_index)"
             )
+        if not process_info().is_main:  # under torchrun rank 0 alone writes and reports
+            return 0
         write_outputs(outputs, results, image)
         if image is not None:  # last: a bad --json or --confusion-png path touches nothing
             tag = f"test.py/{args.split}_confusion_matrix" + ("_ema" if results["ema"] else "")
@@ -128,27 +130,47 @@ def evaluate_checkpoint(
 ) -> tuple[dict, "Image.Image | None", int]:
     """The results (as --json writes them), for classifiers the confusion matrix drawn, and the
     checkpoint's global step."""
-    from build import build_trainer, weights_note
     from logger import setup_logging
-    from utils import UserError, seed_everything
+    from utils import seed_everything
     from utils.distributed.device import run_device, use_device
-    from utils.distributed.process_group import ProcessInfo
+    from utils.distributed.process_group import barrier, process_group, process_info
+
+    info = process_info()  # under torchrun the ranks share the split and rank 0 reports
+    setup_logging(None, verbosity=1, rank=info.rank)
+    logger = logging.getLogger("test")
+    seed_everything(config["seed"])
+    device = run_device(config, logger, info, training=False)  # the run's, or --set device=
+    use_device(device)
+    distributed = config["distributed"]
+    # Under torchrun each rank evaluates its share of the split; the sums are all-reduced.
+    with process_group(info, distributed["backend"], device, distributed["timeout"]):
+        results = evaluate_in_group(
+            config, split, device, weights=weights, confusion_png=confusion_png
+        )
+        barrier()  # leave together: none tears down the group in another's last collective
+    return results
+
+
+def evaluate_in_group(
+    config: "ConfigParser", split: str, device: "torch.device", *, weights: str, confusion_png: bool
+) -> tuple[dict, "Image.Image | None", int]:
+    """evaluate_checkpoint's work, inside the process group (one of one without torchrun)."""
+    from build import build_trainer, weights_note
+    from utils import UserError
+    from utils.distributed.process_group import process_info
     from utils.evaluation.confusion import ConfusionMatrix, confusion_results, draw_confusion_matrix
+    from utils.evaluation.metric_sums import breakdown_table
     from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
     from utils.state.model_state import load_model_state
     from utils.state.resume import data_change
     from utils.state.timeline import choose
 
-    setup_logging(None, verbosity=1)
     logger = logging.getLogger("test")
-    seed_everything(config["seed"])
     path = config.resume
     if path.is_dir():  # a run folder: the newest checkpoint of its timeline that loads
         path = getattr(choose(path, logger), "path", None)
         if path is None:
             raise CheckpointError(f"{config.resume}: no checkpoint-epoch*.pth in this run folder")
-    device = run_device(config, logger, training=False)  # the run's, or --set device=...
-    use_device(device)
     state = load_checkpoint(path, map_location="cpu")
     if confusion_png and not state.get("class_names", True):  # refused before evaluating
         raise UserError(
@@ -156,7 +178,7 @@ def evaluate_checkpoint(
         )
     # The run's own trainer, validation step, precision and memory format: --split val
     # reproduces the validation of the run.
-    trainer = build_trainer(config, ProcessInfo(), device, logger, training=False)
+    trainer = build_trainer(config, process_info(), device, logger, training=False)
     check_names(state, trainer.data, path)
     # The validation split the run validated on? The test split, where the checkpoint kept it
     # (a table's, carved from the rows that trained: rows added would move some of those in)?
@@ -190,11 +212,7 @@ def evaluate_checkpoint(
         raise UserError(f"{path}: --split {split}: the data has no samples in that split")
     logger.info(
         "%s: %d samples, %s of %s (epoch %d)",
-        split,
-        num_samples,
-        weights_note(state),
-        path,
-        state["epoch"],
+        *(split, num_samples, weights_note(state), path, state["epoch"]),
     )
     for key, value in metrics.items():
         if key.count("/") < 2:  # <split>/<metric>; <split>/<metric>/<class> in the table below
@@ -231,26 +249,6 @@ def check_inputs(model: "torch.nn.Module", data: "BaseDataLoader", split: str) -
         name, indices = source or (split, range(len(data.dataset(split))))
         view = data.view(name, augment=False)
         check((view[int(index)][0] for index in indices), data.location(name))
-
-
-def breakdown_table(metrics: dict[str, float]) -> list[str]:
-    """The metrics' breakdowns (<split>/<metric>/<class>, e.g. MeanIoU's per_class) as lines of a
-    table: a row per class, a column per metric; n/a where a class's value is not defined."""
-    columns: dict[str, dict[str, float]] = {}
-    for key, value in metrics.items():
-        _, metric, *part = key.split("/", 2)
-        if part:
-            columns.setdefault(metric, {})[part[0]] = value
-    rows = list(dict.fromkeys(row for column in columns.values() for row in column))
-    if not rows:
-        return []
-    width = max(12, *(len(row) for row in rows))
-    lines = [f"{'class':<{width}}" + "".join(f"  {metric:>10}" for metric in columns)]
-    for row in rows:
-        cells = [column.get(row, math.nan) for column in columns.values()]
-        shown = ["n/a" if math.isnan(cell) else f"{cell:.4f}" for cell in cells]
-        lines.append(f"{row:<{width}}" + "".join(f"  {cell:>10}" for cell in shown))
-    return lines
 
 
 def check_names(state: dict, data: "BaseDataLoader", path: Path) -> None:

@@ -424,3 +424,55 @@ def test_ddp_wraps_without_a_buffer_broadcast_nor_a_deprecation_warning() -> Non
         assert wrapped.broadcast_buffers is False  # both versions answer to the old name
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def odd_checkpoint(config_path: Path) -> Path:
+    """One epoch in one process with 33 validation samples: no world size of 2 or 3 divides
+    them, nor their batches of 8."""
+    result = run_main(
+        "train.py", "-c", str(config_path), "--run-id", "odd", "--epochs", "1",
+        "--set", "data_loader.args.validation_split=33", "--set", "data_loader.args.batch_size=8",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config_path.parent / "saved" / RUN / "odd" / "checkpoint-epoch1.pth"
+
+
+@pytest.mark.slow  # three torchrun launches
+def test_test_py_under_torchrun_reports_once_what_one_process_does(
+    odd_checkpoint: Path, tmp_path: Path
+) -> None:
+    """Before, every rank evaluated the whole split on its own, and each printed the report and
+    added the confusion matrix to TensorBoard: once per rank. Now the ranks share the split, each
+    sample counted once, and rank 0 alone reports."""
+    log_dir = config_path_log_dir(odd_checkpoint)
+    reference = tmp_path / "one.json"
+    args = ["-r", str(odd_checkpoint), "--split", "val", "--confusion-png"]
+    result = run_main("test.py", *args, str(tmp_path / "one.png"), "--json", str(reference))
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = json.loads(reference.read_text())
+    for processes in (1, 2, 3):
+        events = len(list(log_dir.glob("events.out.tfevents.*")))
+        output, image = tmp_path / f"{processes}.json", tmp_path / f"{processes}.png"
+        result = run_torchrun(
+            "--standalone", f"--nproc_per_node={processes}", "test.py", *args, str(image),
+            "--json", str(output),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert result.stdout.count("val: 33 samples") == 1, result.stdout
+        assert len(list(log_dir.glob("events.out.tfevents.*"))) == events + 1
+        report = json.loads(output.read_text())
+        assert report["num_samples"] == 33
+        assert report["confusion_matrix"] == expected["confusion_matrix"]
+        assert report["per_class"] == expected["per_class"]
+        # Counts exactly; the loss to float32's rounding of other batches' means.
+        assert report["metrics"]["val/accuracy"] == expected["metrics"]["val/accuracy"]
+        assert report["metrics"]["val/top_k_acc"] == expected["metrics"]["val/top_k_acc"]
+        assert report["metrics"]["val/loss"] == pytest.approx(
+            expected["metrics"]["val/loss"], rel=1e-6
+        )
+
+
+def config_path_log_dir(checkpoint: Path) -> Path:
+    """The log folder of the run whose checkpoint this is (saved/log/<name>/<run id>)."""
+    return checkpoint.parents[3] / "log" / checkpoint.parents[1].name / checkpoint.parent.name

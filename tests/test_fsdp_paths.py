@@ -244,6 +244,19 @@ def test_fsdp_validates_ranks_with_unequal_batches_as_one_process_does(
     for key in ("val/accuracy", "val/top_k_acc"):
         assert report["metrics"][key] == recorded[key]
     assert report["metrics"]["val/loss"] == pytest.approx(recorded["val/loss"], rel=1e-6)
+    # test.py under torchrun on 3 ranks (33: 2, 1 and 1 batches; 1: a batch and two ranks with
+    # none), the model sharded: the same report, printed once (before: once per rank, each
+    # rank evaluating every sample alone).
+    sharded = tmp_path / "sharded.json"
+    result = run_torchrun("test.py", "-r", str(checkpoint), "--split", "val", "--json",
+                          str(sharded), processes=3)  # fmt: skip
+    assert "FSDP: 2 blocks and the root sharded over 3 process(es)" in result.stdout
+    assert result.stdout.count(f"val: {num_val} samples") == 1, result.stdout
+    again = json.loads(sharded.read_text())
+    assert again["num_samples"] == num_val and again["per_class"] == report["per_class"]
+    for key in ("val/accuracy", "val/top_k_acc"):
+        assert again["metrics"][key] == report["metrics"][key]
+    assert again["metrics"]["val/loss"] == pytest.approx(report["metrics"]["val/loss"], rel=1e-6)
 
 
 # --- 9. DCP's errors ------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """What a step returns, and the exact, sample-weighted sums the engine keeps of it."""
 
 import abc
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -240,3 +241,23 @@ def to_metrics(totals: torch.Tensor, metrics: dict[str, Any], prefix: str) -> di
         offset += size
     result[f"{prefix}/num_samples"] = num_samples
     return result
+
+
+def breakdown_table(metrics: dict[str, float]) -> list[str]:
+    """The metrics' breakdowns (<split>/<metric>/<class>, e.g. MeanIoU's per_class) as lines of a
+    table: a row per class, a column per metric; n/a where a class's value is not defined."""
+    columns: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        _, metric, *part = key.split("/", 2)
+        if part:
+            columns.setdefault(metric, {})[part[0]] = value
+    rows = list(dict.fromkeys(row for column in columns.values() for row in column))
+    if not rows:
+        return []
+    width = max(12, *(len(row) for row in rows))
+    lines = [f"{'class':<{width}}" + "".join(f"  {metric:>10}" for metric in columns)]
+    for row in rows:
+        cells = [column.get(row, math.nan) for column in columns.values()]
+        shown = ["n/a" if math.isnan(cell) else f"{cell:.4f}" for cell in cells]
+        lines.append(f"{row:<{width}}" + "".join(f"  {cell:>10}" for cell in shown))
+    return lines
