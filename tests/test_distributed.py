@@ -2,6 +2,7 @@
 checkpoints moving between world sizes."""
 
 import json
+import logging
 import os
 import re
 import signal
@@ -14,7 +15,12 @@ import torch
 from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags, shrink, wait_for_file
 from ports import free_port
 
+import train as train_script
+from build import build_trainer
+from parse_config import ConfigParser
+from utils.distributed.process_group import ProcessInfo
 from utils.distributed.sharding import torch_version
+from utils.state.run_folder import find_resume_point
 
 RUN = Path("models") / "Demo_CifarCNN"
 EPOCH_LINE = re.compile(r"(\[rank (\d)\] )?epoch (\d+)/\d+  (.*?)  \(")
@@ -476,3 +482,31 @@ def test_test_py_under_torchrun_reports_once_what_one_process_does(
 def config_path_log_dir(checkpoint: Path) -> Path:
     """The log folder of the run whose checkpoint this is (saved/log/<name>/<run id>)."""
     return checkpoint.parents[3] / "log" / checkpoint.parents[1].name / checkpoint.parent.name
+
+
+def test_a_resume_warns_on_rank_0_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every rank reads the same checkpoint with the same config: under torchrun each printed
+    the same resume warnings (the number of processes 2 -> 3, the schedule rebuilt), tagged
+    [rank N]. Now rank 0 says them once; verbosity 2 still shows every rank's."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"].update(epochs=1, tensorboard=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert run_main("train.py", "-c", str(path), "--run-id", "run").returncode == 0
+    run_dir = tmp_path / "saved" / RUN / "run"
+    for rank, verbosity, expected in ((0, 1, 1), (1, 1, 0), (1, 2, 1)):
+        args = ["-r", str(run_dir), "--epochs", "2", "--set", "data_loader.args.batch_size=16",
+                "--set", f"trainer.verbosity={verbosity}"]  # fmt: skip
+        parsed = ConfigParser.from_args(train_script.parse_args(args))
+        info = ProcessInfo(rank=rank, world_size=2)
+        trainer = build_trainer(parsed, info, torch.device("cpu"), logging.getLogger("train"))
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            trainer.resume(find_resume_point(parsed))
+        warned = [
+            record.getMessage()
+            for record in caplog.records
+            if record.levelno == logging.WARNING
+            and "data_loader.args.batch_size" in record.getMessage()
+        ]
+        assert len(warned) == expected, (rank, verbosity, warned)

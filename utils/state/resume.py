@@ -2,6 +2,9 @@
 config, data and process count can take, what is rebuilt instead (named in a warning), and what
 is refused (one line, before anything is written)."""
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +30,28 @@ GEOMETRY_KEYS = {
 
 
 def restore(trainer: "BaseTrainer", point: ResumePoint) -> None:
+    """Start `trainer` at `point` (restore_state), its warnings said once, by rank 0: every rank
+    reads the same checkpoint with the same config, and under torchrun each said the same."""
+    with said_by_rank0(trainer.logger, trainer.rank, trainer.options["verbosity"]):
+        restore_state(trainer, point)
+
+
+@contextlib.contextmanager
+def said_by_rank0(logger: logging.Logger, rank: int, verbosity: int) -> Iterator[None]:
+    """Inside, `logger` keeps quiet on ranks other than 0 but for errors; verbosity 2 (where
+    every rank logs everything, for debugging) leaves it as it is."""
+    if rank == 0 or verbosity >= 2:
+        yield
+        return
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def restore_state(trainer: "BaseTrainer", point: ResumePoint) -> None:
     """Start `trainer` at `point`: after its epoch, or inside it for a mid-epoch checkpoint.
 
     Fine-tuning (-r CKPT -c CONFIG) takes the weights alone and starts a new run at epoch 1,
