@@ -109,7 +109,7 @@ def train(
     from build import build_trainer
     from logger import setup_logging
     from utils import configure_torch, seed_everything
-    from utils.distributed.process_group import broadcast_object, on_rank0
+    from utils.distributed.process_group import broadcast_object, on_rank0, said_by_rank0
     from utils.state.run_folder import default_run_id, find_resume_point, prepare_run_folder
 
     verbosity = config["trainer"]["verbosity"]
@@ -125,7 +125,9 @@ def train(
     # model's pretrained weights are not read (offline, their file may be gone).
     point = on_rank0(find_resume_point, config)
     resumed = point.path is not None
-    trainer = build_trainer(config, info, device, logging.getLogger("train"), resumed=resumed)
+    # Every rank builds from one config: its warnings (a schedule shorter than the run) once.
+    with said_by_rank0(logging.getLogger("train"), info.rank, verbosity):
+        trainer = build_trainer(config, info, device, logging.getLogger("train"), resumed=resumed)
     trainer.resume(point)
     trainer.check_first_batch()  # the data's dtypes and shapes against the model and the loss
     # Rank 0 holds the run folder's lock from here until the run ends (also by an error): a

@@ -510,3 +510,16 @@ def test_a_resume_warns_on_rank_0_alone(tmp_path: Path, caplog: pytest.LogCaptur
             and "data_loader.args.batch_size" in record.getMessage()
         ]
         assert len(warned) == expected, (rank, verbosity, warned)
+
+
+def test_a_config_warning_is_printed_once_under_torchrun(config_path: Path) -> None:
+    """Every rank builds the run from one config; a warning about it (here a schedule that ends
+    before the run) was printed once per rank."""
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "train.py", "-c", str(config_path),
+        "--run-id", "warned", "--epochs", "2", "--set", "lr_scheduler.args.T_max=1",
+        "--set", "trainer.verbosity=1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("lr_scheduler: CosineAnnealingLR ends after") == 1, output

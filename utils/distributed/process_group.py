@@ -3,6 +3,7 @@
 import contextlib
 import gc
 import inspect
+import logging
 import os
 import traceback
 from collections.abc import Callable, Iterator
@@ -260,3 +261,20 @@ def sync_buffers(module: nn.Module) -> None:
     if is_distributed():
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
+
+
+@contextlib.contextmanager
+def said_by_rank0(logger: logging.Logger, rank: int, verbosity: int) -> Iterator[None]:
+    """Inside, `logger` keeps quiet on ranks other than 0 but for errors: for work every rank
+    does alike (building from one config, restoring one checkpoint), whose warnings would
+    otherwise be printed once per rank. verbosity 2 (every rank logs everything, for
+    debugging) leaves it as it is."""
+    if rank == 0 or verbosity >= 2:
+        yield
+        return
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -2,15 +2,12 @@
 config, data and process count can take, what is rebuilt instead (named in a warning), and what
 is refused (one line, before anything is written)."""
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from utils.data.batches import remaining_batches
 from utils.data.sampler import EpochSampler
-from utils.distributed.process_group import world_size
+from utils.distributed.process_group import said_by_rank0, world_size
 from utils.state.checkpoint import load_checkpoint
 from utils.state.model_state import load_model_state
 from utils.state.optimizer_state import restore_optimizer, restore_schedule, steps_done
@@ -34,21 +31,6 @@ def restore(trainer: "BaseTrainer", point: ResumePoint) -> None:
     reads the same checkpoint with the same config, and under torchrun each said the same."""
     with said_by_rank0(trainer.logger, trainer.rank, trainer.options["verbosity"]):
         restore_state(trainer, point)
-
-
-@contextlib.contextmanager
-def said_by_rank0(logger: logging.Logger, rank: int, verbosity: int) -> Iterator[None]:
-    """Inside, `logger` keeps quiet on ranks other than 0 but for errors; verbosity 2 (where
-    every rank logs everything, for debugging) leaves it as it is."""
-    if rank == 0 or verbosity >= 2:
-        yield
-        return
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def restore_state(trainer: "BaseTrainer", point: ResumePoint) -> None:
