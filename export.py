@@ -61,9 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from utils import UserError
+    from utils.distributed.process_group import one_process
     from utils.evaluation.predictions import writable_file
 
     try:
+        one_process("export.py", "write --out")
         if Path(args.out).suffix != SUFFIXES[args.format]:
             raise UserError(
                 f"--out {args.out}: a --format {args.format} file must end in "

@@ -32,12 +32,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--out", metavar="FILE", help="also write one row per image to FILE.csv or FILE.json")
     add("--out-dir", metavar="DIR", help="a folder (made if missing) for the files a task writes "
         "per input, e.g. a segmenter's mask PNGs (loaders with prediction_rows)")
-    add("--force", action="store_true", help="let --out and --out-dir replace existing files "
-        "(never an input)")
+    add("--force", action="store_true", help="let --out and --out-dir replace files (not inputs)")
     add("--batch-size", type=positive_int, default=64, metavar="N", help="default: 64")
-    add("--weights", choices=["auto", "trained", "ema"], default="auto",
-        help="trained, ema (the averaged weights) or auto (the default): those the run's "
-        "monitor judged")
+    add("--weights", choices=["auto", "trained", "ema"], default="auto", help="trained, ema (the "
+        "averaged weights) or auto (the default): those the run's monitor judged")
     add("--ema", dest="weights", action="store_const", const="ema", help="--weights ema")
     add("-d", "--device", help="GPUs to use, e.g. 0 (sets CUDA_VISIBLE_DEVICES)")
     # fmt: on
@@ -48,10 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from utils import UserError
     from utils.distributed.device import gpu_indices
+    from utils.distributed.process_group import one_process
     from utils.evaluation.predictions import format_rows, output_path
     from utils.state.checkpoint import write_text_atomic
 
     try:
+        one_process("predict.py", "print every row and write --out")
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         out = output_path(args.out, args.force)  # refused before the work, not after it

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags, shrink, wait_for_file
+from PIL import Image
 from ports import free_port
 
 import train as train_script
@@ -523,3 +524,31 @@ def test_a_config_warning_is_printed_once_under_torchrun(config_path: Path) -> N
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert output.count("lr_scheduler: CosineAnnealingLR ends after") == 1, output
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("predict.py", ["--out", "rows.csv"]),
+        ("export.py", ["--format", "torchscript", "--out", "model.pt"]),
+    ],
+)
+def test_predict_and_export_refuse_several_processes_in_one_line(
+    odd_checkpoint: Path, tmp_path: Path, script: str, args: list[str]
+) -> None:
+    """Under torchrun every rank did all of the work: predict.py printed every row once per rank
+    (twice in a file its stdout went to) and the ranks of export.py wrote --out at the same
+    time. They work in one process: more are refused before anything is read or written."""
+    image = tmp_path / "image.png"
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(image)
+    inputs = [str(image)] if script == "predict.py" else []
+    out = tmp_path / args[-1]
+    args = [*args[:-1], str(out)]
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}  # what torchrun sets, rank 1 of 2
+    result = run_main(script, "-r", str(odd_checkpoint), *inputs, *args, env=env)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: {script} runs in one process: start it with python, not torchrun (its 2 "
+        f"processes would each {'print every row and write --out' if inputs else 'write --out'})"
+    ]
+    assert not out.exists() and result.stdout == ""

@@ -55,6 +55,16 @@ def process_info() -> ProcessInfo:
     )
 
 
+def one_process(script: str, writes: str) -> None:
+    """Refuse torchrun with more than one process for a script that works in one (predict.py,
+    export.py): every rank would do all of the work and `writes`, at once, to the same place."""
+    if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        raise UserError(
+            f"{script} runs in one process: start it with python, not torchrun (its "
+            f"{os.environ['WORLD_SIZE']} processes would each {writes})"
+        )
+
+
 def default_backend(device: torch.device) -> str:
     """nccl for a model on a CUDA device, gloo otherwise: the collectives run on the model's
     tensors, and nccl cannot reduce CPU tensors (n_gpu 0 on a GPU machine)."""
