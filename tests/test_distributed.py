@@ -13,14 +13,19 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags, shrink, wait_for_file
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from ports import free_port
 
+import model.metric as metric_module
 import train as train_script
 from build import build_trainer
 from parse_config import ConfigParser
+from utils.data.sampler import EpochSampler
 from utils.distributed.process_group import ProcessInfo
 from utils.distributed.sharding import torch_version
+from utils.evaluation.metric_sums import MetricSums, StepOutput
 from utils.state.run_folder import find_resume_point
 
 RUN = Path("models") / "Demo_CifarCNN"
@@ -552,3 +557,47 @@ def test_predict_and_export_refuse_several_processes_in_one_line(
         f"processes would each {'print every row and write --out' if inputs else 'write --out'})"
     ]
     assert not out.exists() and result.stdout == ""
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    num_samples=st.integers(0, 70),
+    world_size=st.integers(1, 5),
+    batch_size=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_evaluation_shares_sum_to_one_process_for_any_world_size(
+    num_samples: int, world_size: int, batch_size: int, seed: int
+) -> None:
+    """What the distributed validation and test.py under torchrun rest on: the evaluation
+    sampler's shares (no padding) hold every sample exactly once, and the metric sums of the
+    ranks' batches, added, are those of one process (accuracy equal to scikit-learn's, however
+    the samples are cut into ranks and batches)."""
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    generator = torch.Generator().manual_seed(seed)
+    outputs = torch.randn(num_samples, 4, generator=generator)  # logits (N, C)
+    targets = torch.randint(0, 4, (num_samples,), generator=generator)
+    metric_fns = {"accuracy": metric_module.accuracy}
+    shares = [
+        EpochSampler(range(num_samples), shuffle=False, seed=0, num_replicas=world_size, rank=rank)
+        for rank in range(world_size)
+    ]
+    seen = sorted(index for sampler in shares for index in sampler)
+    assert seen == list(range(num_samples))  # none twice, none missed
+
+    def sums_of(indices: list[int], size: int) -> torch.Tensor:
+        sums = MetricSums(metric_fns, torch.device("cpu"))
+        for start in range(0, len(indices), size):
+            batch = torch.tensor(indices[start : start + size], dtype=torch.long)
+            loss = torch.nn.functional.cross_entropy(outputs[batch], targets[batch])
+            sums.add(StepOutput(loss=loss, output=outputs[batch], target=targets[batch]))
+        return sums.all_ranks()  # one process: its own sums
+
+    ranks = sum(sums_of(list(sampler), batch_size) for sampler in shares)
+    alone = sums_of(list(range(num_samples)), num_samples or 1)
+    assert ranks[-1] == alone[-1] == num_samples
+    assert ranks[1] == alone[1]  # right answers: counts, exact
+    torch.testing.assert_close(ranks[0], alone[0], rtol=1e-6, atol=1e-6)  # loss x batch size
+    if num_samples:
+        expected = sklearn_metrics.accuracy_score(targets.numpy(), outputs.argmax(dim=1).numpy())
+        assert float(ranks[1] / ranks[-1]) == pytest.approx(expected, abs=1e-12)
