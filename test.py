@@ -133,7 +133,7 @@ def evaluate_checkpoint(
     from logger import setup_logging
     from utils import seed_everything
     from utils.distributed.device import run_device, use_device
-    from utils.distributed.process_group import barrier, process_group, process_info
+    from utils.distributed.process_group import barrier, process_group, process_info, said_by_rank0
 
     info = process_info()  # under torchrun the ranks share the split and rank 0 reports
     setup_logging(None, verbosity=1, rank=info.rank)
@@ -142,8 +142,10 @@ def evaluate_checkpoint(
     device = run_device(config, logger, info, training=False)  # the run's, or --set device=
     use_device(device)
     distributed = config["distributed"]
-    # Under torchrun each rank evaluates its share of the split; the sums are all-reduced.
-    with process_group(info, distributed["backend"], device, distributed["timeout"]):
+    # Under torchrun each rank evaluates its share of the split; the sums are all-reduced. Every
+    # rank reads one checkpoint and config: their warnings (the data changed) rank 0 says once.
+    group = process_group(info, distributed["backend"], device, distributed["timeout"])
+    with group, said_by_rank0(logger, info.rank, verbosity=1):
         results = evaluate_in_group(
             config, split, device, weights=weights, confusion_png=confusion_png
         )

@@ -483,6 +483,14 @@ def test_test_py_under_torchrun_reports_once_what_one_process_does(
         assert report["metrics"]["val/loss"] == pytest.approx(
             expected["metrics"]["val/loss"], rel=1e-6
         )
+    # A warning every rank would give alike (other data, allowed) is printed once.
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "test.py", "-r", str(odd_checkpoint), "--split",
+        "val", "--set", "data_loader.args.data_seed=1", "--allow-data-change",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("the data changed since this checkpoint") == 1, output
 
 
 def config_path_log_dir(checkpoint: Path) -> Path:
