@@ -19,13 +19,16 @@ import torch
 from conftest import NUM_EXAMPLES, ROOT, run_main, shrink
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 from ports import free_port
 from test_fsdp import needs_gloo_fsdp, run_torchrun, trained_weights
 from torch import nn
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.tensor import DTensor
 
 import train as train_script
-from build import build_trainer
+from build import build_trainer, input_transform
+from data_loader.data_loaders import load_image
 from model.model import CifarCNN
 from parse_config import ConfigError, ConfigParser
 from utils.distributed.process_group import process_group, process_info
@@ -417,3 +420,37 @@ def test_parameters_new_to_a_changed_config_start_afresh_under_fsdp(
         for key, value in state.items():
             assert torch.equal(sharded[name][key], value), (name, key)
     assert all(state["step"] == 8 for name, state in reference.items() if name not in new)
+
+
+# --- 17. predict.py on a sharded checkpoint -------------------------------------------------------
+
+
+@needs_gloo_fsdp
+def test_predict_py_reads_a_sharded_checkpoint_as_torchs_own_converter_does(
+    tmp_path: Path,
+) -> None:
+    """predict.py gathers the shards (no process group) into the model: its probabilities are
+    those of the weights torch's dcp_to_torch_save reads from the checkpoint's DCP folder."""
+    config = write_config(tmp_path)
+    train("-c", str(config), "--run-id", "run", env=one_rank_env())
+    checkpoint = tmp_path / "saved" / RUN / "run" / "checkpoint-epoch1.pth"
+    state = load_checkpoint(checkpoint)
+    assert state["model"] is None and state["sharded"]
+    whole = tmp_path / "whole.pt"
+    dcp_to_torch_save(checkpoint.parent / state["sharded"], whole)
+    model = CifarCNN(**state["config"]["arch"]["args"])
+    model.load_state_dict(torch.load(whole, weights_only=True)["model"])
+    image = tmp_path / "image.png"
+    pixels = torch.randint(0, 256, (32, 32, 3), generator=torch.Generator().manual_seed(0))
+    Image.fromarray(pixels.to(torch.uint8).numpy()).save(image)
+    out = tmp_path / "rows.json"
+    result = run_main("predict.py", "-r", str(checkpoint), str(image), "--top-k", "10",
+                      "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    transform = input_transform(ConfigParser(state["config"], source=str(checkpoint)))
+    with torch.no_grad():
+        probabilities = model.eval()(transform(load_image(str(image)))[None]).softmax(dim=1)[0]
+    expected = dict(zip(state["class_names"], probabilities.tolist(), strict=True))
+    predicted = dict(zip(row["labels"], row["probabilities"], strict=True))
+    assert predicted == pytest.approx(expected, rel=1e-5, abs=1e-7)
