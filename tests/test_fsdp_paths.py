@@ -454,3 +454,31 @@ def test_predict_py_reads_a_sharded_checkpoint_as_torchs_own_converter_does(
     expected = dict(zip(state["class_names"], probabilities.tolist(), strict=True))
     predicted = dict(zip(row["labels"], row["probabilities"], strict=True))
     assert predicted == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+# --- 18. two ranks' shards resumed in one process -------------------------------------------------
+
+
+@needs_gloo_fsdp
+@pytest.mark.slow  # a torchrun run
+def test_two_ranks_shards_resume_in_one_process_as_torchs_converter_reads_them(
+    tmp_path: Path,
+) -> None:
+    """2 -> 1: each parameter's weights and Adam state, resharded from two ranks into one
+    unsharded process, are bit for bit what dcp_to_torch_save reads from the folder: the next
+    step then is the one the uninterrupted state takes."""
+    config = write_config(tmp_path)
+    run_torchrun("train.py", "-c", str(config), "--run-id", "run")
+    run_dir = tmp_path / "saved" / RUN / "run"
+    checkpoint = run_dir / "checkpoint-epoch1.pth"
+    whole = tmp_path / "whole.pt"
+    dcp_to_torch_save(run_dir / load_checkpoint(checkpoint)["sharded"], whole)
+    reference = torch.load(whole, weights_only=True)
+    for name, value in trained_weights(checkpoint).items():
+        assert torch.equal(value, reference["model"][name]), name
+    resumed = resumed_optimizer_state(["-r", str(run_dir), "--epochs", "2"])
+    assert resumed.keys() == reference["optimizer"].keys()
+    for name, state in resumed.items():
+        assert state.keys() == reference["optimizer"][name].keys(), name
+        for key, value in state.items():
+            assert torch.equal(value, reference["optimizer"][name][key]), (name, key)
