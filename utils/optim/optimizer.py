@@ -100,9 +100,12 @@ def kernel_args(
 def kind_of(module: nn.Module, name: str, param: torch.Tensor) -> set[str]:
     """The optimizer.param_groups kinds (PARAM_KINDS) that parameter `name` of `module` is."""
     norm = isinstance(module, NORM_LAYERS)
+    # torch calls some biases otherwise: MultiheadAttention's in_proj_bias, bias_k and bias_v
+    # (those two of shape (1, 1, E), no matrix), the RNNs' bias_ih_l0 and bias_hh_l0.
+    bias = "bias" in name.split("_")
     kinds = {"norm", f"norm_{name}"} if norm else set()
-    kinds |= {"matrix"} if param.dim() >= 2 and not norm else set()
-    return kinds | ({"bias"} if name == "bias" else set())
+    kinds |= {"matrix"} if param.dim() >= 2 and not norm and not bias else set()
+    return kinds | ({"bias"} if bias else set())
 
 
 def parameter_kinds(model: nn.Module) -> dict[int, set[str]]:
