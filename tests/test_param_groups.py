@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from parse_config import ConfigError
 from utils.optim.optimizer import NORM_LAYERS, parameter_groups, split_norm_and_bias
 
 # Layers with parameters torch names in different ways: "bias", "in_proj_bias", "bias_k",
@@ -87,3 +88,72 @@ def test_attention_and_lstm_biases_take_the_norm_and_bias_decay():
     matrices = parameter_groups(model, [{"kind": "matrix", "lr": 1.0}], "t.json")[1]["params"]
     assert all(any(param is mine for mine in matrices) is (name in decayed)
                for name, param in model.named_parameters())  # fmt: skip
+
+
+class TiedHead(nn.Module):
+    """An embedding and an output layer that share one weight, as language models tie them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(5, 4), nn.Linear(4, 5)
+        self.head.weight = self.embed.weight
+
+
+def matched_by(model: nn.Module, prefix: str) -> set[int]:
+    """The trainable parameters any of whose names is `prefix` or lies under it (reference)."""
+    return {
+        id(param)
+        for name, param in model.named_parameters(remove_duplicate=False)
+        if param.requires_grad and (name == prefix or name.startswith(prefix + "."))
+    }
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_prefix_groups_hold_each_trainable_parameter_once(num_examples):
+    """optimizer.param_groups by prefix, over module trees with tied weights and frozen
+    parameters: either every trainable parameter lies in exactly one group, each group holding
+    what its prefixes name (by any name of a tied weight) with its own lr, or a ConfigError
+    names the prefix that matches nothing or the parameter two groups claim."""
+    layers = {"linear": LAYERS["linear"], "layernorm": LAYERS["layernorm"], "tied": TiedHead}
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(st.lists(st.sampled_from(sorted(layers)), min_size=1, max_size=3), st.data())
+    def check(names: list[str], data: st.DataObject) -> None:
+        model = nn.Sequential(*(layers[name]() for name in names))
+        for param in model.parameters():
+            param.requires_grad_(data.draw(st.integers(0, 3), label="trainable") > 0)
+        every_name = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+        entries = []
+        for index in range(data.draw(st.integers(1, 3), label="num_groups")):
+            parts = data.draw(st.sampled_from(every_name), label="name").split(".")
+            depths = data.draw(st.lists(st.integers(1, len(parts)), min_size=1, max_size=2,
+                                        unique=True), label="prefix depths")  # fmt: skip
+            prefixes = [".".join(parts[:depth]) for depth in depths]  # may overlap
+            entries.append({"params": prefixes, "lr": float(index + 1)})
+        wanted = [set().union(*(matched_by(model, p) for p in e["params"])) for e in entries]
+        empty = any(not matched_by(model, p) for e in entries for p in e["params"])
+        claimed = [key for group in wanted for key in group]
+        if empty or len(claimed) != len(set(claimed)):
+            with pytest.raises(ConfigError, match=r"^t\.json: optimizer\.param_groups\[\d\]"):
+                parameter_groups(model, entries, "t.json")
+            return
+        groups = parameter_groups(model, entries, "t.json")
+        trainable = {id(param) for param in model.parameters() if param.requires_grad}
+        placed = [id(param) for group in groups for param in group["params"]]
+        assert sorted(placed) == sorted(trainable)  # each exactly once
+        rest = trainable - set(claimed)
+        assert [set(map(id, group["params"])) for group in groups] == [rest] * bool(rest) + wanted
+        assert [group["lr"] for group in groups[bool(rest) :]] == [e["lr"] for e in entries]
+
+    check()
+
+
+def test_a_tied_weight_is_in_the_group_of_either_name_and_prefixes_may_overlap():
+    """A prefix under the second name of a tied weight takes it; two prefixes of one group that
+    both cover a parameter put it in that group once."""
+    model = nn.Sequential(TiedHead())
+    head, overlapping = {"params": "0.head", "lr": 0.5}, {"params": ["0", "0.embed"], "lr": 0.5}
+    expected = {id(model[0].embed.weight), id(model[0].head.bias)}
+    for entry in (head, overlapping):
+        (group,) = parameter_groups(model, [entry], "t.json")  # no parameter left for a rest
+        assert sorted(map(id, group["params"])) == sorted(expected)

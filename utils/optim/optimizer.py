@@ -137,8 +137,12 @@ def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[
     (they take optimizer.args), then one per entry of optimizer.param_groups, which takes the
     parameters under its "params" (parameter-name prefixes, whole name parts, as in
     arch.freeze) that are of its "kind" (PARAM_KINDS), either alone or both. Its other keys are
-    the group's options, train_epochs included (build_optimizer leaves that one out)."""
+    the group's options, train_epochs included (build_optimizer leaves that one out). A tied
+    weight (one parameter under several names) is under a prefix when any of its names is."""
     trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+    names: dict[int, list[str]] = {}  # id(parameter) -> every name it goes by
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
     kinds = parameter_kinds(model)
     owner: dict[str, int] = {}  # parameter name -> index of the group that took it
     built = []
@@ -152,7 +156,7 @@ def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[
             matched = [
                 (name, param)
                 for name, param in trainable
-                if (not prefix or under_prefix(name, prefix))
+                if (not prefix or any(under_prefix(alias, prefix) for alias in names[id(param)]))
                 and (kind is None or kind in kinds[id(param)])
             ]
             if not matched:
@@ -163,10 +167,14 @@ def parameter_groups(model: nn.Module, groups: list[dict], source: str) -> list[
                     f"names start with: {', '.join(name_prefixes(model))})"
                 )
             for name, param in matched:
+                if owner.get(name) == index:  # under two of this group's prefixes: once
+                    continue
                 if name in owner:
                     field = ".params" if "params" in group else ".kind"
+                    tied = ", ".join(names[id(param)][1:])
                     raise ConfigError(
-                        f"{where}{field}: {name} is already in optimizer.param_groups[{owner[name]}]"
+                        f"{where}{field}: {name}{f' (tied: also {tied})' if tied else ''} is "
+                        f"already in optimizer.param_groups[{owner[name]}]"
                     )
                 owner[name] = index
                 params.append(param)
