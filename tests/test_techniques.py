@@ -83,7 +83,8 @@ def test_warmup_in_epochs_for_a_per_epoch_schedule(tmp_path):
     ("schedule", "attribute"),
     [({"type": "CosineAnnealingLR", "args": {}}, "T_max"),
      ({"type": "OneCycleLR", "args": {"max_lr": 0.1}}, "total_steps"),
-     ({"type": "PolynomialLR", "args": {}}, "total_iters")],
+     ({"type": "PolynomialLR", "args": {}}, "total_iters"),
+     ({"type": "LinearLR", "args": {"start_factor": 1.0, "end_factor": 0.0}}, "total_iters")],
 )  # fmt: skip
 @pytest.mark.parametrize("epochs", [3, 30])
 def test_schedule_length_follows_the_run(tmp_path, schedule, attribute, epochs):

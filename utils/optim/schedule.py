@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # it out: then --epochs rescales the schedule instead of leaving a longer one half done.
 LENGTH_ARGS = {
     "CosineAnnealingLR": "T_max",
+    "LinearLR": "total_iters",  # torch's default, 5, would end a linear decay after 5 steps
     "OneCycleLR": "total_steps",
     "PolynomialLR": "total_iters",
 }

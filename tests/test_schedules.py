@@ -1,0 +1,118 @@
+"""The learning rate of every optimizer step of a real run (BaseTrainer's loop) against torch's
+own schedulers run by hand, with gradient accumulation and its short last group, per step and
+per epoch, with warmup; the weight average updated once per optimizer step."""
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import NUM_EXAMPLES, ROOT, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.optim import lr_scheduler as schedulers
+
+from build import build_trainer
+from parse_config import ConfigParser
+from utils.distributed.process_group import ProcessInfo
+
+# Schedules whose length the run sets (left out of args), and where each one ends: at 0.
+SCHEDULES = {
+    "CosineAnnealingLR": {},
+    "PolynomialLR": {"power": 1.0},
+    "LinearLR": {"start_factor": 1.0, "end_factor": 0.0},
+}
+LENGTH = {"CosineAnnealingLR": "T_max", "PolynomialLR": "total_iters", "LinearLR": "total_iters"}
+
+
+def tiny_run(save_dir: Path, *, num_batches: int, schedule: dict, **trainer: object) -> dict:
+    """The shrunk demo with batches of 4 samples, `num_batches` of them an epoch, and a tiny
+    network: a run of a few optimizer steps in a fraction of a second."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), save_dir)
+    config["data_loader"]["args"].update(
+        num_train=4 * num_batches + 4, num_test=4, batch_size=4, validation_split=4
+    )
+    config["arch"]["args"]["widths"] = [4, 4]
+    config["trainer"].update(tensorboard=False, save_period=1000, **trainer)
+    config["lr_scheduler"] = schedule
+    return config
+
+
+def by_hand(
+    name: str, args: dict, *, num_steps: int, warmup: int, start_factor: float, lr: float
+) -> tuple[list[float], float]:
+    """(the rate of each of num_steps steps, the rate after them) of torch's `name` over
+    num_steps - warmup steps after `warmup` steps of LinearLR, on one parameter."""
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    main = getattr(schedulers, name)(optimizer, **{**args, LENGTH[name]: num_steps - warmup})
+    scheduler = main
+    if warmup:
+        start = schedulers.LinearLR(optimizer, start_factor=start_factor, total_iters=warmup)
+        scheduler = schedulers.SequentialLR(optimizer, [start, main], milestones=[warmup])
+    rates = []
+    for _ in range(num_steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates, optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_every_step_takes_the_rate_of_the_schedule_run_by_hand(num_examples, tmp_path):
+    """Whatever the epoch's batches, accumulation (a last group maybe short), epochs, interval
+    and warmup: an optimizer step per accumulation group, each at the rate torch's schedulers
+    give when stepped by hand (per step, or per epoch and then the same all epoch long), the
+    schedule ending exactly with the run, and the average updated once per optimizer step."""
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        name=st.sampled_from(sorted(SCHEDULES)),
+        num_batches=st.integers(1, 7),
+        accumulate=st.integers(1, 4),
+        epochs=st.integers(1, 3),
+        per_step=st.booleans(),
+        warmup=st.integers(0, 3),
+    )
+    def check(
+        name: str, num_batches: int, accumulate: int, epochs: int, per_step: bool, warmup: int
+    ) -> None:
+        steps_per_epoch = math.ceil(num_batches / accumulate)
+        length = epochs * steps_per_epoch if per_step else epochs
+        warmup = min(warmup, length - 1)  # a warmup as long as the run is refused
+        schedule = {
+            "type": name, "args": SCHEDULES[name], "interval": "step" if per_step else "epoch",
+            "warmup_steps" if per_step else "warmup_epochs": warmup, "warmup_start_factor": 0.1,
+        }  # fmt: skip
+        save_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        config = ConfigParser(
+            tiny_run(
+                save_dir,
+                num_batches=num_batches,
+                schedule=schedule,
+                epochs=epochs,
+                grad_accum_steps=accumulate,
+                ema_decay=0.5,
+            ),
+            source="t.json",
+        )
+        Path(config.checkpoint_dir).mkdir(parents=True)  # train.py's main() makes it
+        trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+        rates: list[float] = []
+        trainer.optimizer.register_step_pre_hook(
+            lambda optimizer, args, kwargs: rates.append(optimizer.param_groups[0]["lr"])
+        )
+        trainer.fit()
+        lr = config["optimizer"]["args"]["lr"]
+        expected, end = by_hand(
+            name, SCHEDULES[name], num_steps=length, warmup=warmup, start_factor=0.1, lr=lr
+        )
+        if not per_step:  # a rate for each epoch, for each of its optimizer steps
+            expected = [rate for rate in expected for _ in range(steps_per_epoch)]
+        assert rates == pytest.approx(expected, rel=1e-12, abs=1e-15)
+        assert all(rate > 0 for rate in rates)  # the schedule does not end before the run
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(end, abs=1e-15) == 0
+        assert int(trainer.ema.n_averaged) == epochs * steps_per_epoch == len(rates)
+
+    check()
