@@ -16,7 +16,9 @@ from torch.optim import lr_scheduler as schedulers
 
 from build import build_trainer
 from parse_config import ConfigParser
+from utils import UserError
 from utils.distributed.process_group import ProcessInfo
+from utils.optim.schedule import build_scheduler
 
 # Schedules whose length the run sets (left out of args), and where each one ends: at 0.
 SCHEDULES = {
@@ -116,3 +118,80 @@ def test_every_step_takes_the_rate_of_the_schedule_run_by_hand(num_examples, tmp
         assert int(trainer.ema.n_averaged) == epochs * steps_per_epoch == len(rates)
 
     check()
+
+
+class Recorded(logging.Handler):
+    """The messages of the records a logger emits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_a_length_in_args_that_disagrees_with_the_run_is_refused_or_warned(num_examples, tmp_path):
+    """A schedule length given in lr_scheduler.args: silent only when it is the run's (after the
+    warmup); shorter, refused for OneCycleLR and warned for the others; longer, warned (the run
+    ends before the learning rate comes down)."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path)
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        name=st.sampled_from([*SCHEDULES, "OneCycleLR"]),
+        given_length=st.integers(1, 40),
+        epochs=st.integers(1, 4),
+        steps_per_epoch=st.integers(1, 5),
+        per_step=st.booleans(),
+        warmup=st.integers(0, 2),
+    )
+    def check(
+        name: str, given_length: int, epochs: int, steps_per_epoch: int, per_step: bool,
+        warmup: int,
+    ) -> None:  # fmt: skip
+        run = epochs * steps_per_epoch if per_step else epochs
+        warmup = min(warmup, run - 1)
+        length_arg = {**LENGTH, "OneCycleLR": "total_steps"}[name]
+        args = {**SCHEDULES.get(name, {"max_lr": 0.1}), length_arg: given_length}
+        config["lr_scheduler"] = {
+            "type": name, "args": args, "interval": "step" if per_step else "epoch",
+            "warmup_steps" if per_step else "warmup_epochs": warmup,
+        }  # fmt: skip
+        config["trainer"]["epochs"] = epochs
+        parsed = ConfigParser(config, source="t.json")
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        logger, recorded = logging.Logger("schedule"), Recorded()
+        logger.addHandler(recorded)
+        needed = run - warmup
+        if name == "OneCycleLR" and given_length < needed:
+            with pytest.raises(UserError, match=r"OneCycleLR's length .* is shorter than the run"):
+                build_scheduler(parsed, optimizer, steps_per_epoch, logger=logger)
+            return
+        build_scheduler(parsed, optimizer, steps_per_epoch, logger=logger)
+        unit = "optimizer steps" if per_step else "epochs"
+        said = f"{name} ends after {given_length} {unit}, the run has {needed}"
+        assert [said in message for message in recorded.messages] == [True] * (
+            given_length != needed
+        )
+
+    check()
+
+
+def test_one_cycle_given_the_loaders_batches_under_accumulation_is_warned(tmp_path):
+    """OneCycleLR's epochs x steps_per_epoch copied from the loader's 8 batches while 2 of them
+    make an optimizer step: 24 steps for a run of 12, the rate left halfway up its cycle."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path)
+    config["trainer"].update(epochs=3, grad_accum_steps=2)
+    config["lr_scheduler"] = {
+        "type": "OneCycleLR", "interval": "step",
+        "args": {"max_lr": 0.1, "epochs": 3, "steps_per_epoch": 8},
+    }  # fmt: skip
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    logger, recorded = logging.Logger("schedule"), Recorded()
+    logger.addHandler(recorded)
+    build_scheduler(ConfigParser(config, source="t.json"), optimizer, 4, logger=logger)
+    (message,) = recorded.messages
+    assert "OneCycleLR ends after 24 optimizer steps, the run has 12" in message
+    assert "the run ends before the schedule does" in message

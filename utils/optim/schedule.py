@@ -57,13 +57,22 @@ def check_given_length(
     config: "ConfigParser", length: int, warmup: int, logger: logging.Logger
 ) -> None:
     """A length in args shorter than the run: OneCycleLR cannot step past its end (refused);
-    a cosine climbs back up after it and a polynomial stays at 0 (warned)."""
+    a cosine climbs back up after it and a polynomial stays at 0 (warned). Longer: the run ends
+    before the learning rate comes down to the schedule's end (warned)."""
     section = config["lr_scheduler"]
     given, needed = given_length(section), length - warmup
-    if given is None or given >= needed:
+    if given is None or given == needed:
         return
     unit = "epochs" if section["interval"] == "epoch" else "optimizer steps"
     kind, fix = section["type"], f"leave {LENGTH_ARGS.get(section['type'], 'its length')} out"
+    if given > needed:
+        logger.warning(
+            "lr_scheduler: %s ends after %d %s, the run has %d: the run ends before the "
+            "schedule does, its learning rate not down to the schedule's end; %s of "
+            "lr_scheduler.args to fit the run.",
+            kind, given, unit, needed, fix,
+        )  # fmt: skip
+        return
     if kind == "OneCycleLR":
         raise UserError(
             f"{config.source}: lr_scheduler.args: OneCycleLR's length ({given} {unit}) is shorter "
