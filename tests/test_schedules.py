@@ -195,3 +195,99 @@ def test_one_cycle_given_the_loaders_batches_under_accumulation_is_warned(tmp_pa
     (message,) = recorded.messages
     assert "OneCycleLR ends after 24 optimizer steps, the run has 12" in message
     assert "the run ends before the schedule does" in message
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_a_skipped_batch_that_ends_its_group_takes_no_step_and_the_schedule_waits(
+    num_examples, tmp_path
+):
+    """trainer.nonfinite "skip": every batch with a non-finite loss is counted; an accumulation
+    group whose last batch was dropped takes no optimizer step, and then neither the per-step
+    schedule, global_step nor the average moves: the rates are the schedule's, in order, one
+    per step taken."""
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        num_batches=st.integers(1, 6),
+        accumulate=st.integers(1, 3),
+        nonfinite=st.sets(st.integers(0, 11), max_size=4),  # batch indices of the whole run
+    )
+    def check(num_batches: int, accumulate: int, nonfinite: set[int]) -> None:
+        epochs, steps_per_epoch = 2, math.ceil(num_batches / accumulate)
+        schedule = {"type": "CosineAnnealingLR", "args": {}, "interval": "step"}
+        save_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        config = ConfigParser(
+            tiny_run(
+                save_dir, num_batches=num_batches, schedule=schedule, epochs=epochs,
+                grad_accum_steps=accumulate, ema_decay=0.5, nonfinite="skip",
+                max_skipped_steps=12,
+            ),
+            source="t.json",
+        )  # fmt: skip
+        Path(config.checkpoint_dir).mkdir(parents=True)
+        trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+        real_step, seen = trainer.training_step, []
+
+        def training_step(batch: object) -> object:
+            result = real_step(batch)
+            if len(seen) in nonfinite:
+                result.loss = result.loss * float("nan")
+            seen.append(len(seen))
+            return result
+
+        trainer.training_step = training_step
+        rates: list[float] = []
+        trainer.optimizer.register_step_pre_hook(
+            lambda optimizer, args, kwargs: rates.append(optimizer.param_groups[0]["lr"])
+        )
+        trainer.fit()
+        dropped = {index for index in nonfinite if index < epochs * num_batches}
+        # A group steps unless its last batch was dropped (groups count from each epoch's start).
+        group_ends = [
+            epoch * num_batches + min(start + accumulate, num_batches) - 1
+            for epoch in range(epochs)
+            for start in range(0, num_batches, accumulate)
+        ]
+        num_steps = sum(end not in dropped for end in group_ends)
+        lr = config["optimizer"]["args"]["lr"]
+        expected, _ = by_hand(
+            "CosineAnnealingLR", {}, num_steps=epochs * steps_per_epoch, warmup=0,
+            start_factor=1.0, lr=lr,
+        )  # fmt: skip
+        assert trainer.state.num_skipped_steps == len(dropped)
+        assert rates == pytest.approx(expected[:num_steps], rel=1e-12, abs=1e-15)
+        assert trainer.global_step == trainer.lr_scheduler.last_epoch == num_steps
+        assert int(trainer.ema.n_averaged) == num_steps
+        assert all(torch.isfinite(param).all() for param in trainer.model.parameters())
+
+    check()
+
+
+def test_a_step_grad_scaler_skips_moves_the_schedule_on_and_is_not_counted(tmp_path):
+    """fp16: a step whose gradients overflow is skipped by GradScaler (its scale halves); as in
+    torch's AMP recipe the schedule, global_step and the average move on, and it is no
+    non-finite loss (not counted), as docs/config.md says."""
+    schedule = {"type": "CosineAnnealingLR", "args": {}, "interval": "step"}
+    config = ConfigParser(
+        tiny_run(tmp_path, num_batches=4, schedule=schedule, epochs=1, amp="fp16",
+                 ema_decay=0.5, grad_clip=1.0),
+        source="t.json",
+    )  # fmt: skip
+    Path(config.checkpoint_dir).mkdir(parents=True)
+    trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+    real_step, seen = trainer.training_step, []
+
+    def training_step(batch: object) -> object:
+        result = real_step(batch)
+        if len(seen) == 1:  # finite, but its scaled gradients overflow float32
+            result.loss = result.loss * 1e35
+        seen.append(batch)
+        return result
+
+    trainer.training_step = training_step
+    taken: list[int] = []
+    trainer.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: taken.append(1))
+    trainer.fit()
+    assert len(taken) == 3 and trainer.scaler.get_scale() == 2.0**15  # one step skipped
+    assert trainer.global_step == trainer.lr_scheduler.last_epoch == 4
+    assert int(trainer.ema.n_averaged) == 4 and trainer.state.num_skipped_steps == 0
