@@ -18,7 +18,7 @@ from build import build_trainer
 from parse_config import ConfigParser
 from utils import UserError
 from utils.distributed.process_group import ProcessInfo
-from utils.optim.schedule import build_scheduler
+from utils.optim.schedule import build_scheduler, step_scheduler
 
 # Schedules whose length the run sets (left out of args), and where each one ends: at 0.
 SCHEDULES = {
@@ -291,3 +291,49 @@ def test_a_step_grad_scaler_skips_moves_the_schedule_on_and_is_not_counted(tmp_p
     assert len(taken) == 3 and trainer.scaler.get_scale() == 2.0**15  # one step skipped
     assert trainer.global_step == trainer.lr_scheduler.last_epoch == 4
     assert int(trainer.ema.n_averaged) == 4 and trainer.state.num_skipped_steps == 0
+
+
+PLATEAU = {"type": "ReduceLROnPlateau", "args": {"patience": 1, "factor": 0.5}}
+
+
+@pytest.mark.parametrize("monitor", ["max val/accuracy", "min val/loss", "off"])
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_reduce_on_plateau_follows_the_monitored_metric_as_torch_does(
+    num_examples, monitor, tmp_path
+):
+    """ReduceLROnPlateau over any sequence of epoch metrics: the rates of torch's, built by hand
+    in the monitor's mode ("off": the loss, "min"), given the metric step_scheduler picks."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path)
+    config["trainer"]["monitor"], config["lr_scheduler"] = monitor, PLATEAU
+    parsed = ConfigParser(config, source="t.json")
+    mode = "min" if monitor == "off" else monitor.split()[0]
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(st.lists(st.floats(0, 1), min_size=1, max_size=8))
+    def check(values: list[float]) -> None:
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        scheduler = build_scheduler(parsed, optimizer, 4)
+        by_hand = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        reference = schedulers.ReduceLROnPlateau(by_hand, mode=mode, **PLATEAU["args"])
+        for value in values:
+            metrics = {"val/accuracy": value, "val/loss": value, "train/loss": value}
+            step_scheduler(scheduler, metrics, parsed.monitor_key, per_batch=False)
+            reference.step(value)
+            assert optimizer.param_groups[0]["lr"] == by_hand.param_groups[0]["lr"]
+
+    check()
+
+
+def test_a_rising_accuracy_keeps_the_rate_and_a_contradicting_mode_is_refused(tmp_path):
+    """monitor "max val/accuracy": an accuracy that rises every epoch never cuts the rate (torch's
+    default mode "min" cut it after `patience` epochs); "mode": "min" in args is refused."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path)
+    config["trainer"]["monitor"], config["lr_scheduler"] = "max val/accuracy", PLATEAU
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    scheduler = build_scheduler(ConfigParser(config, source="t.json"), optimizer, 4)
+    for accuracy in (0.2, 0.4, 0.6, 0.8):
+        step_scheduler(scheduler, {"val/accuracy": accuracy}, "val/accuracy", per_batch=False)
+    assert optimizer.param_groups[0]["lr"] == 0.1
+    config["lr_scheduler"] = {**PLATEAU, "args": {**PLATEAU["args"], "mode": "min"}}
+    with pytest.raises(UserError, match=r'^t\.json: lr_scheduler\.args\.mode: "min", but .*"max"'):
+        build_scheduler(ConfigParser(config, source="t.json"), optimizer, 4)

@@ -117,6 +117,8 @@ def build_scheduler(
             )
         derived[length_arg] = length - warmup
     check_given_length(config, length, warmup, logger or logging.getLogger("train"))
+    if section["type"] == "ReduceLROnPlateau":
+        derived.update(plateau_mode(config))
     scaled = {}
     if section["type"] == "OneCycleLR" and lr_scale != 1 and "max_lr" in section["args"]:
         max_lr = section["args"]["max_lr"]
@@ -130,6 +132,26 @@ def build_scheduler(
         optimizer, start_factor=section["warmup_start_factor"], total_iters=warmup
     )
     return schedulers.SequentialLR(optimizer, [start, main], milestones=[warmup])
+
+
+def plateau_mode(config: "ConfigParser") -> dict[str, str]:
+    """ReduceLROnPlateau's mode, that of the metric step_scheduler gives it: trainer.monitor's
+    ("max val/accuracy": "max"), or "min" for the loss it watches without one. torch's default,
+    "min", would cut the learning rate while an accuracy keeps rising. A contradicting
+    lr_scheduler.args.mode is refused."""
+    wanted = "min" if config.monitor_mode == "off" else config.monitor_mode
+    given = config["lr_scheduler"]["args"].get("mode")
+    if given is None:
+        return {"mode": wanted}
+    if given != wanted:
+        watched = f'trainer.monitor "{config.monitor_mode} {config.monitor_key}"'
+        if config.monitor_mode == "off":
+            watched = "the loss (trainer.monitor is off)"
+        raise UserError(
+            f'{config.source}: lr_scheduler.args.mode: "{given}", but ReduceLROnPlateau steps '
+            f'on {watched}, which wants "{wanted}"; leave mode out to follow the monitor'
+        )
+    return {}
 
 
 def step_scheduler(
