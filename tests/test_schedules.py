@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.optim import lr_scheduler as schedulers
 
+import train
 from build import build_trainer
 from parse_config import ConfigParser
 from utils import UserError
@@ -337,3 +338,22 @@ def test_a_rising_accuracy_keeps_the_rate_and_a_contradicting_mode_is_refused(tm
     config["lr_scheduler"] = {**PLATEAU, "args": {**PLATEAU["args"], "mode": "min"}}
     with pytest.raises(UserError, match=r'^t\.json: lr_scheduler\.args\.mode: "min", but .*"max"'):
         build_scheduler(ConfigParser(config, source="t.json"), optimizer, 4)
+
+
+@pytest.mark.parametrize("value", [0, -3, 0.5, "10", True])
+@pytest.mark.parametrize("schedule", ["CosineAnnealingLR", "PolynomialLR", "LinearLR"])
+def test_a_length_below_one_is_refused_in_one_line_before_the_run_starts(
+    schedule, value, tmp_path, capsys
+):
+    """T_max 0 made CosineAnnealingLR divide by zero at its first step, a traceback after the
+    run folder was made; any length in args that is not a number >= 1 is one line, exit 2."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"]["tensorboard"] = False
+    config["lr_scheduler"] = {"type": schedule, "args": {LENGTH[schedule]: value}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert train.main(["-c", str(path), "--run-id", "run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"lr_scheduler.args.{LENGTH[schedule]}: must be at least 1" in err
+    assert not list((tmp_path / "saved").glob("models/*/run"))

@@ -65,6 +65,13 @@ def check_given_length(
         return
     unit = "epochs" if section["interval"] == "epoch" else "optimizer steps"
     kind, fix = section["type"], f"leave {LENGTH_ARGS.get(section['type'], 'its length')} out"
+    name = LENGTH_ARGS.get(kind)
+    # A cosine of length 0 divides by it at its first step, after the run has begun.
+    if name in section["args"] and not (type(given) in (int, float) and given >= 1):
+        raise UserError(
+            f"{config.source}: lr_scheduler.args.{name}: must be at least 1 ({unit}), got "
+            f"{given!r}; {fix} to fit the run"
+        )
     if given > needed:
         logger.warning(
             "lr_scheduler: %s ends after %d %s, the run has %d: the run ends before the "
