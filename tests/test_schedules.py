@@ -1,6 +1,8 @@
 """The learning rate of every optimizer step of a real run (BaseTrainer's loop) against torch's
 own schedulers run by hand, with gradient accumulation and its short last group, per step and
-per epoch, with warmup; the weight average updated once per optimizer step."""
+per epoch, with warmup; the weight average updated once per optimizer step; schedule lengths
+and ReduceLROnPlateau's mode from config; skipped steps (non-finite losses, GradScaler's) and
+clipping."""
 
 import json
 import logging
@@ -357,3 +359,25 @@ def test_a_length_below_one_is_refused_in_one_line_before_the_run_starts(
     assert err.count("\n") == 1, err
     assert f"lr_scheduler.args.{LENGTH[schedule]}: must be at least 1" in err
     assert not list((tmp_path / "saved").glob("models/*/run"))
+
+
+@pytest.mark.parametrize("amp", [None, "fp16"])
+def test_clipping_bounds_the_true_accumulated_gradient(amp, tmp_path):
+    """grad_clip with accumulation (a short last group too) and fp16's GradScaler: each step
+    sees the group's gradient, unscaled, at norm min(its norm, grad_clip): clipped after
+    unscaling (not the scaled gradient, which would leave it 2**16 times too small)."""
+    config = ConfigParser(
+        tiny_run(tmp_path, num_batches=5, schedule=None, epochs=1, amp=amp,
+                 grad_accum_steps=2, grad_clip=1e-3),  # far below the norms
+        source="t.json",
+    )  # fmt: skip
+    Path(config.checkpoint_dir).mkdir(parents=True)
+    trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+    norms: list[float] = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: norms.append(
+            float(torch.stack([p.grad.norm() for p in trainer.model.parameters()]).norm())
+        )
+    )
+    trainer.fit()
+    assert norms == pytest.approx([1e-3] * 3, rel=1e-4)  # groups of 2, 2 and 1 batches
