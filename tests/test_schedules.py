@@ -381,3 +381,21 @@ def test_clipping_bounds_the_true_accumulated_gradient(amp, tmp_path):
     )
     trainer.fit()
     assert norms == pytest.approx([1e-3] * 3, rel=1e-4)  # groups of 2, 2 and 1 batches
+
+
+@pytest.mark.parametrize("ema_period", [3, 4])
+def test_an_ema_period_longer_than_the_run_is_warned(ema_period, tmp_path, caplog):
+    """3 optimizer steps (5 batches in groups of 2): an ema_period of 4 never updates the
+    average, which stays the initial weights; it is said. 3 updates it once, silently."""
+    config = ConfigParser(
+        tiny_run(tmp_path, num_batches=5, schedule=None, epochs=1, grad_accum_steps=2,
+                 ema_decay=0.9, ema_period=ema_period),
+        source="t.json",
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="train"):
+        trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+    said = "trainer.ema_period: 4 optimizer steps, the run has 3: the average is never updated"
+    assert [said in record.getMessage() for record in caplog.records] == [True] * (ema_period == 4)
+    Path(config.checkpoint_dir).mkdir(parents=True)
+    trainer.fit()
+    assert int(trainer.ema.n_averaged) == (ema_period == 3)

@@ -4,6 +4,7 @@ update_average does what its update_parameters does, without reading its update 
 CPU tensor, copied to the GPU at every update: a copy from pageable memory that waits for the
 GPU's queue) or comparing it on the device."""
 
+import logging
 from collections import defaultdict
 
 import torch
@@ -11,12 +12,21 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 
-def new_average(model: nn.Module, options: dict) -> AveragedModel | None:
+def new_average(model: nn.Module, options: dict, steps_per_epoch: int = 0) -> AveragedModel | None:
     """A copy of the plain model whose weights (and BatchNorm statistics) follow the trained
     ones: average = decay * average + (1 - decay) * weights, at each update; None when
-    trainer.ema_decay is null."""
+    trainer.ema_decay is null. Warns when trainer.ema_period is longer than the run (epochs x
+    steps_per_epoch): the average would stay the initial weights, validated and saved as such."""
     if options["ema_decay"] is None:
         return None
+    num_steps = options["epochs"] * steps_per_epoch
+    if options["ema_period"] > num_steps > 0:
+        logging.getLogger("train").warning(
+            "trainer.ema_period: %d optimizer steps, the run has %d: the average is never "
+            "updated and stays the initial weights (val/ema_*, the checkpoints' ema); lower "
+            "ema_period or train longer.",
+            options["ema_period"], num_steps,
+        )  # fmt: skip
     multi_avg_fn = get_ema_multi_avg_fn(options["ema_decay"])
     return AveragedModel(model, multi_avg_fn=multi_avg_fn, use_buffers=True)
 
