@@ -399,3 +399,18 @@ def test_an_ema_period_longer_than_the_run_is_warned(ema_period, tmp_path, caplo
     Path(config.checkpoint_dir).mkdir(parents=True)
     trainer.fit()
     assert int(trainer.ema.n_averaged) == (ema_period == 3)
+
+
+def test_a_lookahead_period_longer_than_the_run_is_warned(tmp_path, capsys):
+    """Lookahead with no synchronisation in the run ends it on the initial weights (the slow
+    weights, never moved): said, with both numbers. A period of the run's length, silent."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"].update(tensorboard=False, epochs=1, lookahead_period=9)  # 8 steps
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    said = "trainer.lookahead_period: 9 optimizer steps, the run has 8: the slow weights never move"
+    assert train.main(["-c", str(path), "--run-id", "long"]) == 0
+    assert said in capsys.readouterr().out
+    fits = ["--set", "trainer.lookahead_period=8"]
+    assert train.main(["-c", str(path), "--run-id", "fits", *fits]) == 0
+    assert "trainer.lookahead_period" not in capsys.readouterr().out

@@ -9,8 +9,14 @@ ramp 0 is the paper's constant step; a ramp > 0 averages little early in the run
 end (the CIFAR-10 speed records' cubic ramp). The run's last step ends on the slow weights.
 BatchNorm's statistics are averaged with the weights. Python floats only: no host-device sync."""
 
+import logging
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from parse_config import ConfigParser
 
 
 def floating_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -18,11 +24,24 @@ def floating_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: value for name, value in model.state_dict().items() if value.is_floating_point()}
 
 
-def new_lookahead(model: nn.Module, options: dict) -> "Lookahead | None":
-    """trainer.lookahead_period's Lookahead of `model`'s weights, or None when it is off."""
+def new_lookahead(
+    model: nn.Module, config: "ConfigParser", steps_per_epoch: int = 0
+) -> "Lookahead | None":
+    """trainer.lookahead_period's Lookahead of `model`'s weights, or None when it is off. Warns
+    when the period is longer than the run (epochs x steps_per_epoch): with no synchronisation
+    the slow weights stay the initial ones, and the run ends on them."""
+    options = config["trainer"]
     if options["lookahead_period"] is None:
         return None
     period, decay, ramp = (options[f"lookahead_{k}"] for k in ("period", "decay", "ramp"))
+    num_steps = options["epochs"] * steps_per_epoch
+    if period > num_steps > 0:
+        logging.getLogger("train").warning(
+            "trainer.lookahead_period: %d optimizer steps, the run has %d: the slow weights "
+            "never move and the run ends on its initial weights; lower lookahead_period or "
+            "train longer.",
+            period, num_steps,
+        )  # fmt: skip
     return Lookahead(model, period, decay, ramp)
 
 
