@@ -2,15 +2,22 @@
 parameter in exactly one group, each with the learning rate and weight decay the config says,
 whatever the layers call their parameters, whatever is frozen or tied."""
 
+import json
+
 import pytest
 import torch
-from conftest import NUM_EXAMPLES
+from conftest import NUM_EXAMPLES, ROOT, shrink
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from parse_config import ConfigError
-from utils.optim.optimizer import NORM_LAYERS, parameter_groups, split_norm_and_bias
+from parse_config import ConfigError, ConfigParser
+from utils.optim.optimizer import (
+    NORM_LAYERS,
+    build_optimizer,
+    parameter_groups,
+    split_norm_and_bias,
+)
 
 # Layers with parameters torch names in different ways: "bias", "in_proj_bias", "bias_k",
 # "bias_ih_l0"; normalisation layers' weights and biases.
@@ -157,3 +164,62 @@ def test_a_tied_weight_is_in_the_group_of_either_name_and_prefixes_may_overlap()
     for entry in (head, overlapping):
         (group,) = parameter_groups(model, [entry], "t.json")  # no parameter left for a rest
         assert sorted(map(id, group["params"])) == sorted(expected)
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_build_optimizer_gives_each_parameter_the_rate_and_decay_the_config_says(
+    num_examples, tmp_path
+):
+    """build_optimizer over random module trees: optimizer.type for the rest, a group stepped by
+    another algorithm (Muon for the matrices where torch has it, else Adam), norm_bias_weight_decay
+    and reference_batch_size: each trainable parameter in exactly one group, at lr x global
+    batch / reference_batch_size, with the weight decay its group, its algorithm's default or
+    norm_bias_weight_decay gives it."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path)  # batch 32
+    other = "Muon" if hasattr(torch.optim, "Muon") else "Adam"
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        tree=st.lists(st.sampled_from(["linear", "conv", "layernorm", "attention"]), min_size=1,
+                      max_size=4),
+        norm_bias=st.sampled_from([None, 0.0, 0.25]),
+        group_decay=st.sampled_from([None, 0.125]),
+        reference=st.sampled_from([None, 16, 32]),
+    )  # fmt: skip
+    def check(tree: list[str], norm_bias: float | None, group_decay: float | None,
+              reference: int | None) -> None:  # fmt: skip
+        model = nn.Sequential(*(LAYERS[name]() for name in ["linear", *tree]))  # a matrix
+        entry = {"kind": "matrix", "optimizer": other, "lr": 0.02}
+        if group_decay is not None:
+            entry["weight_decay"] = group_decay
+        config["optimizer"] = {
+            "type": "SGD", "args": {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.5},
+            "param_groups": [entry], "norm_bias_weight_decay": norm_bias,
+            "reference_batch_size": reference,
+        }  # fmt: skip
+        optimizer = build_optimizer(
+            ConfigParser(config, source="t.json"), model, torch.device("cpu")
+        )
+        scale = 32 / reference if reference else 1.0
+        exempt, matrices = is_norm_or_bias(model), set()
+        for module in model.modules():
+            for name, param in module.named_parameters(recurse=False):
+                if param.dim() >= 2 and not isinstance(module, NORM_LAYERS) and "bias" not in name:
+                    matrices.add(id(param))
+        default = getattr(torch.optim, other)([torch.zeros(2, 2)]).defaults["weight_decay"]
+        placed = []
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                placed.append(id(param))
+                ours = id(param) in matrices
+                assert group["lr"] == pytest.approx((0.02 if ours else 0.1) * scale)
+                if norm_bias is not None and id(param) in exempt:
+                    decay = norm_bias
+                elif ours:
+                    decay = default if group_decay is None else group_decay
+                else:
+                    decay = 0.5
+                assert group["weight_decay"] == decay
+        assert sorted(placed) == sorted(id(param) for param in model.parameters())
+
+    check()
