@@ -4,6 +4,7 @@ per epoch, with warmup; the weight average updated once per optimizer step; sche
 and ReduceLROnPlateau's mode from config; skipped steps (non-finite losses, GradScaler's) and
 clipping."""
 
+import itertools
 import json
 import logging
 import math
@@ -200,6 +201,22 @@ def test_one_cycle_given_the_loaders_batches_under_accumulation_is_warned(tmp_pa
     assert "the run ends before the schedule does" in message
 
 
+def trainer_scaling_losses(config: ConfigParser, factors: dict[int, float]) -> object:
+    """The config's trainer (its run folder made), the loss of its training batch i (counted
+    over the whole run) multiplied by factors[i]."""
+    Path(config.checkpoint_dir).mkdir(parents=True)
+    trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
+    real_step, batch_index = trainer.training_step, itertools.count()
+
+    def training_step(batch: object) -> object:
+        result = real_step(batch)
+        result.loss = result.loss * factors.get(next(batch_index), 1.0)
+        return result
+
+    trainer.training_step = training_step
+    return trainer
+
+
 @pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
 def test_a_skipped_batch_that_ends_its_group_takes_no_step_and_the_schedule_waits(
     num_examples, tmp_path
@@ -227,18 +244,7 @@ def test_a_skipped_batch_that_ends_its_group_takes_no_step_and_the_schedule_wait
             ),
             source="t.json",
         )  # fmt: skip
-        Path(config.checkpoint_dir).mkdir(parents=True)
-        trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
-        real_step, seen = trainer.training_step, []
-
-        def training_step(batch: object) -> object:
-            result = real_step(batch)
-            if len(seen) in nonfinite:
-                result.loss = result.loss * float("nan")
-            seen.append(len(seen))
-            return result
-
-        trainer.training_step = training_step
+        trainer = trainer_scaling_losses(config, dict.fromkeys(nonfinite, float("nan")))
         rates: list[float] = []
         trainer.optimizer.register_step_pre_hook(
             lambda optimizer, args, kwargs: rates.append(optimizer.param_groups[0]["lr"])
@@ -276,18 +282,7 @@ def test_a_step_grad_scaler_skips_moves_the_schedule_on_and_is_not_counted(tmp_p
                  ema_decay=0.5, grad_clip=1.0),
         source="t.json",
     )  # fmt: skip
-    Path(config.checkpoint_dir).mkdir(parents=True)
-    trainer = build_trainer(config, ProcessInfo(), torch.device("cpu"), logging.getLogger("t"))
-    real_step, seen = trainer.training_step, []
-
-    def training_step(batch: object) -> object:
-        result = real_step(batch)
-        if len(seen) == 1:  # finite, but its scaled gradients overflow float32
-            result.loss = result.loss * 1e35
-        seen.append(batch)
-        return result
-
-    trainer.training_step = training_step
+    trainer = trainer_scaling_losses(config, {1: 1e35})  # finite; its scaled gradients overflow
     taken: list[int] = []
     trainer.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: taken.append(1))
     trainer.fit()
