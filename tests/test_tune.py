@@ -5,6 +5,7 @@ to end (its files, its --set line, its refusal to touch an existing folder)."""
 import argparse
 import contextlib
 import csv
+import importlib.util
 import itertools
 import json
 import logging
@@ -597,6 +598,10 @@ def test_not_even_a_batch_of_1_is_one_line_and_exit_2(tmp_path, capsys):
     assert "process's peak resident memory" in error, error
 
 
+@pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in ("torchmetrics", "pycocotools")),
+    reason="the detection extra is not installed (pip install -e '.[detection]'): its mAP",
+)
 @pytest.mark.parametrize("num_examples", [pytest.param(8, id="8-examples")])
 def test_the_batch_size_search_gives_every_image_its_own_targets(
     num_examples, tmp_path, monkeypatch
