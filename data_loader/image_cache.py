@@ -51,17 +51,20 @@ def decode_split(
 def cache_path(dataset: datasets.ImageFolder, size: int, cache_dir: Path) -> Path:
     """<cache_dir>/<split folder>-<size>px-<folder hash>-<fingerprint>.pt. The fingerprint hashes
     the format version, the size, the classes and every file's path (relative to the split
-    folder), size and modification time: a changed, added or removed file makes a new one. The
-    folder hash (of its absolute path) tells apart data folders that share a cache_dir."""
+    folder), size, modification time, inode and status-change time: a changed, added or removed
+    file makes a new one. The folder hash (of its absolute path) tells apart data folders that
+    share a cache_dir."""
     folder = Path(dataset.root)
     folder_hash = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
     digest = hashlib.sha256(f"version {CACHE_VERSION}\nsize {size}\n".encode())
     digest.update(("\0".join(dataset.classes) + "\n").encode())
     for path, _ in dataset.samples:
         stat = os.stat(path)
-        digest.update(
-            f"{Path(path).relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode()
-        )
+        # Size and mtime alone miss a file rewritten with its mtime put back (cp -p, rsync -t,
+        # tar x): writing or replacing a file always moves its ctime (which no tool can set
+        # back) or its inode. A chmod moves ctime too: a needless decode, never a stale one.
+        key = (stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
+        digest.update(f"{Path(path).relative_to(folder)}\0{key}\n".encode())
     return cache_dir / f"{folder.name}-{size}px-{folder_hash}-{digest.hexdigest()[:24]}.pt"
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import NUM_EXAMPLES, ROOT, shrink
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import ExifTags, Image, ImageOps
 from test_device_pipeline import all_batches
@@ -78,6 +78,50 @@ def test_an_image_folder_is_decoded_once_into_the_cache(tmp_path, monkeypatch, c
     assert next(cache.glob("val-32px-*.pt")) == val_file
     (new_train_file,) = cache.glob("train-32px-*.pt")
     assert new_train_file != train_file
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    change=st.sampled_from(["replace", "rename file", "add", "remove", "rename class", "size"]),
+    which=st.integers(0, 5),
+    keep_mtime=st.booleans(),
+)
+@example(change="replace", which=0, keep_mtime=True)  # the case size and mtime alone missed
+def test_the_cache_never_returns_the_images_of_an_older_folder(change, which, keep_mtime):
+    """Whatever changed in the folder since the cache was written (a file replaced in place by
+    one of the same size with its modification time put back, as `cp -p` or `rsync -t` do; a
+    file added, removed or renamed; a class folder renamed; another size), what the device
+    pipeline reads is what decoding the folder now gives."""
+    with tempfile.TemporaryDirectory() as folder:
+        root = write_images(Path(folder), {"train": ".png"}, size=8, count=2)
+        path = sorted((root / "train").rglob("*.png"))[which]
+        pixels = np.asarray(Image.open(path).convert("RGB"))
+        # Uncompressed, a PNG's size depends on its width and height alone.
+        Image.fromarray(pixels).save(path, compress_level=0)
+        stat = path.stat()
+        args = {"batch_size": 4, "seed": 0, "preset": "cifar", "pipeline": "device"}
+        ImageFolderDataLoader(str(root), **args).uint8_split("train", 8)  # writes the cache
+        size = 8
+        if change == "replace":  # same name, same size, other pixels
+            Image.fromarray(255 - pixels).save(path, compress_level=0)
+            assert path.stat().st_size == stat.st_size
+            if keep_mtime:
+                os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        elif change == "rename file":
+            path.rename(path.with_name("renamed.png"))
+        elif change == "add":
+            Image.new("RGB", (8, 8), (9, 9, 9)).save(path.with_name("added.png"))
+        elif change == "remove":
+            path.unlink()
+        elif change == "rename class":
+            (root / "train" / "c").rename(root / "train" / "d")
+        else:
+            size = 4
+        fresh = data_loader.image_cache.decode_split(
+            ImageFolderDataLoader(str(root), batch_size=4, seed=0).dataset("train"), size
+        )
+        images, labels = ImageFolderDataLoader(str(root), **args).uint8_split("train", size)
+        assert torch.equal(images, fresh[0]) and torch.equal(labels, fresh[1])
 
 
 def test_an_unwritable_cache_folder_is_a_warning(tmp_path, caplog):
