@@ -8,7 +8,9 @@ import os
 import time
 from pathlib import Path
 
+import PIL
 import torch
+import torchvision
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets
 from torchvision.transforms import v2
@@ -20,6 +22,14 @@ from utils.state.checkpoint import save_checkpoint
 # Part of every fingerprint: a change to what the files hold (layout, dtype, resizing) bumps it.
 # 2: 16-bit grey images scaled to 8 bits, no longer clipped; 3: turned upright by EXIF Orientation.
 CACHE_VERSION = 3
+
+
+def decoder_versions() -> str:
+    """The releases of what decodes and resizes (PIL, torch, torchvision), without a build tag
+    such as "+cu130": a new one may change pixels, so a cache written under another is not the
+    decode the DataLoader path now makes, which the device pipeline promises bit for bit."""
+    versions = (PIL.__version__, torch.__version__, torchvision.__version__)
+    return " ".join(str(version).split("+")[0] for version in versions)
 
 
 def decode_split(
@@ -50,13 +60,14 @@ def decode_split(
 
 def cache_path(dataset: datasets.ImageFolder, size: int, cache_dir: Path) -> Path:
     """<cache_dir>/<split folder>-<size>px-<folder hash>-<fingerprint>.pt. The fingerprint hashes
-    the format version, the size, the classes and every file's path (relative to the split
-    folder), size, modification time, inode and status-change time: a changed, added or removed
-    file makes a new one. The folder hash (of its absolute path) tells apart data folders that
+    the format version, the library versions, the size, the classes and every file's path
+    (relative to the split folder), size, modification time, inode and status-change time: a
+    changed, added or removed file makes a new one. The folder hash (of its absolute path) tells apart data folders that
     share a cache_dir."""
     folder = Path(dataset.root)
     folder_hash = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
-    digest = hashlib.sha256(f"version {CACHE_VERSION}\nsize {size}\n".encode())
+    versions = f"version {CACHE_VERSION} {decoder_versions()}\nsize {size}\n"
+    digest = hashlib.sha256(versions.encode())
     digest.update(("\0".join(dataset.classes) + "\n").encode())
     for path, _ in dataset.samples:
         stat = os.stat(path)

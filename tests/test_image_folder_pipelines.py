@@ -124,6 +124,29 @@ def test_the_cache_never_returns_the_images_of_an_older_folder(change, which, ke
         assert torch.equal(images, fresh[0]) and torch.equal(labels, fresh[1])
 
 
+@pytest.mark.parametrize("library", ["PIL", "torch", "torchvision"])
+def test_a_cache_written_under_another_decoder_release_is_not_reused(
+    tmp_path, monkeypatch, library
+):
+    """A new PIL, torch or torchvision may decode or resize to other pixels: the cache must then
+    be the decode the DataLoader path makes now, not the one an older release made."""
+    if library == "PIL":
+        import PIL as module
+    elif library == "torch":
+        module = torch
+    else:
+        import torchvision as module
+    root = write_images(tmp_path / "images", {"train": ".png"}, size=8, count=1)
+    dataset = ImageFolderDataLoader(str(root), batch_size=4, seed=0).dataset("train")
+    before = data_loader.image_cache.cache_path(dataset, 8, tmp_path)
+    monkeypatch.setattr(module, "__version__", "99.0.0")
+    newer = data_loader.image_cache.cache_path(dataset, 8, tmp_path)
+    assert newer != before
+    # A build of the same release for another accelerator decodes alike: the cache is shared.
+    monkeypatch.setattr(module, "__version__", "99.0.0+cu999")
+    assert data_loader.image_cache.cache_path(dataset, 8, tmp_path) == newer
+
+
 def test_an_unwritable_cache_folder_is_a_warning(tmp_path, caplog):
     root = write_images(tmp_path / "images", {"train": ".png"})
     not_a_folder = tmp_path / "file"
