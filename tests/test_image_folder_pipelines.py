@@ -8,6 +8,8 @@ import logging
 import os
 import random
 import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -145,6 +147,48 @@ def test_a_cache_written_under_another_decoder_release_is_not_reused(
     # A build of the same release for another accelerator decodes alike: the cache is shared.
     monkeypatch.setattr(module, "__version__", "99.0.0+cu999")
     assert data_loader.image_cache.cache_path(dataset, 8, tmp_path) == newer
+
+
+BUILD_CACHE = """
+import sys, torch
+from data_loader.data_loaders import ImageFolderDataLoader
+args = {"batch_size": 4, "seed": 0, "preset": "cifar", "pipeline": "device"}
+torch.save(ImageFolderDataLoader(sys.argv[1], **args).uint8_split("train", 32), sys.argv[2])
+"""
+
+
+def test_two_processes_building_the_cache_at_once_read_the_same_images(tmp_path):
+    """Two runs (or two nodes' first ranks) that find no cache decode at once: each writes its own
+    temporary file and renames it, so neither reads a torn file and what stays is whole."""
+    root = write_images(tmp_path / "images", {"train": ".png"}, count=20)
+    outputs = [tmp_path / f"{number}.pt" for number in range(2)]
+    processes = [
+        subprocess.Popen([sys.executable, "-c", BUILD_CACHE, str(root), str(output)], cwd=ROOT)
+        for output in outputs
+    ]
+    assert [process.wait(timeout=120) for process in processes] == [0, 0]
+    fresh = data_loader.image_cache.decode_split(
+        ImageFolderDataLoader(str(root), batch_size=4, seed=0).dataset("train"), 32
+    )
+    (cache,) = (root / ".cache").iterdir()  # one file, no temporary left
+    kept = data_loader.image_cache.load_cached(cache)
+    for images, labels in [*(torch.load(path) for path in outputs), kept]:
+        assert torch.equal(images, fresh[0]) and torch.equal(labels, fresh[1])
+
+
+def test_a_damaged_cache_file_is_decoded_again(tmp_path, caplog):
+    root = write_images(tmp_path / "images", {"train": ".png"}, size=8, count=2)
+    args = {"batch_size": 4, "seed": 0, "preset": "cifar", "pipeline": "device"}
+    images, labels = ImageFolderDataLoader(str(root), **args).uint8_split("train", 8)
+    (cache,) = (root / ".cache").iterdir()
+    whole = cache.read_bytes()
+    cache.write_bytes(whole[: len(whole) // 2])  # a copy cut short, a full disk
+    with caplog.at_level("WARNING", logger="data"):
+        again = ImageFolderDataLoader(str(root), **args).uint8_split("train", 8)
+    assert torch.equal(again[0], images) and torch.equal(again[1], labels)
+    assert f"Decoded-image cache {cache} unreadable (" in caplog.text
+    assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage()
+    assert cache.read_bytes() == whole  # replaced by a whole one
 
 
 def test_an_unwritable_cache_folder_is_a_warning(tmp_path, caplog):
