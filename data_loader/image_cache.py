@@ -22,6 +22,8 @@ from utils.state.checkpoint import save_checkpoint
 # Part of every fingerprint: a change to what the files hold (layout, dtype, resizing) bumps it.
 # 2: 16-bit grey images scaled to 8 bits, no longer clipped; 3: turned upright by EXIF Orientation.
 CACHE_VERSION = 3
+# A temporary cache file untouched this long was left by a process killed while writing it.
+ABANDONED_AFTER_S = 3600
 
 
 def decoder_versions() -> str:
@@ -121,6 +123,11 @@ def decode_and_cache(
     for stale in path.parent.glob(f"{prefix}-*.pt"):
         if stale != path:
             stale.unlink(missing_ok=True)
+    # What a process killed while writing left (write_atomic's hidden temporaries, as large as
+    # the cache). Only old ones: a fresh one may be another process's write in progress.
+    for left in path.parent.glob(f".{prefix}-*.pt.*.tmp"):
+        if time.time() - left.stat().st_mtime > ABANDONED_AFTER_S:
+            left.unlink(missing_ok=True)
     logger.info(
         "Decoded images: cached %d images of %s in %s (%.1f s).",
         len(labels),

@@ -191,6 +191,23 @@ def test_a_damaged_cache_file_is_decoded_again(tmp_path, caplog):
     assert cache.read_bytes() == whole  # replaced by a whole one
 
 
+def test_a_cache_write_cut_short_leaves_no_temporary_behind(tmp_path):
+    """A run killed while saving the cache leaves write_atomic's hidden temporary (as large as
+    the cache): the next write of that folder's cache removes it, but not one being written."""
+    root = write_images(tmp_path / "images", {"train": ".png"}, size=8, count=1)
+    args = {"batch_size": 4, "seed": 0, "preset": "cifar", "pipeline": "device"}
+    ImageFolderDataLoader(str(root), **args).uint8_split("train", 8)
+    (cache,) = (root / ".cache").iterdir()
+    abandoned = cache.with_name(f".{cache.name}.{'0' * 16}.tmp")
+    in_progress = cache.with_name(f".{cache.name}.{'1' * 16}.tmp")
+    for left in (abandoned, in_progress):
+        left.write_bytes(b"partial")
+    os.utime(abandoned, (0, 0))
+    (root / "train" / "a" / "0.png").touch()  # a new fingerprint: the cache is written again
+    ImageFolderDataLoader(str(root), **args).uint8_split("train", 8)
+    assert not abandoned.exists() and in_progress.exists()
+
+
 def test_an_unwritable_cache_folder_is_a_warning(tmp_path, caplog):
     root = write_images(tmp_path / "images", {"train": ".png"})
     not_a_folder = tmp_path / "file"
