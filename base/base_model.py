@@ -52,9 +52,11 @@ class BaseModel(nn.Module, abc.ABC):
         parts: "network.layer1" covers "network.layer1.0.conv1.weight", not "network.layer10").
 
         A prefix that names a submodule also keeps it in evaluation mode while the rest trains,
-        so its BatchNorm statistics stay those it was given and its dropout is off.
+        so its BatchNorm statistics stay those it was given and its dropout is off. A tied weight
+        (one tensor under two names) is matched by either name, and freezing it freezes both.
         """
-        names = [name for name, _ in self.named_parameters()]
+        # Every name of every parameter: a tied weight is listed once per name it has.
+        names = [name for name, _ in self.named_parameters(remove_duplicate=False)]
         modules = dict(self.named_modules())
         for prefix in prefixes:
             matched = [name for name in names if under_prefix(name, prefix)]

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from base.base_model import BaseModel
 from parse_config import ConfigError, ConfigParser
 from utils.optim.optimizer import (
     NORM_LAYERS,
@@ -223,3 +224,47 @@ def test_build_optimizer_gives_each_parameter_the_rate_and_decay_the_config_says
         assert sorted(placed) == sorted(id(param) for param in model.parameters())
 
     check()
+
+
+class Tree(BaseModel):
+    """A BaseModel around a module tree, to call arch.freeze on."""
+
+    def __init__(self, layers: nn.Module) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # never called: only the parameters matter here
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_freeze_stops_exactly_what_any_name_of_a_parameter_lies_under(num_examples):
+    """arch.freeze over module trees with tied weights: a prefix of any name of a parameter (the
+    second name of a tied weight too) freezes it, the one tensor under every name, and nothing
+    else."""
+    layers = {"linear": LAYERS["linear"], "layernorm": LAYERS["layernorm"], "tied": TiedHead}
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(st.lists(st.sampled_from(sorted(layers)), min_size=1, max_size=3), st.data())
+    def check(names: list[str], data: st.DataObject) -> None:
+        model = Tree(nn.Sequential(*(layers[name]() for name in names)))
+        every_name = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+        prefixes = []
+        for _ in range(data.draw(st.integers(1, 2), label="num_prefixes")):
+            parts = data.draw(st.sampled_from(every_name), label="name").split(".")
+            prefixes.append(".".join(parts[: data.draw(st.integers(1, len(parts)))]))
+        frozen = set().union(*(matched_by(model, prefix) for prefix in set(prefixes)))
+        model.freeze(sorted(set(prefixes)))
+        for name, param in model.named_parameters(remove_duplicate=False):
+            assert param.requires_grad is (id(param) not in frozen), name
+
+    check()
+
+
+def test_freezing_the_second_name_of_a_tied_weight_freezes_the_tensor():
+    """The decoder tied to an embedding, frozen by the decoder's name: was "matches no
+    parameter", as named_parameters() lists a tied weight under its first name only."""
+    model = Tree(TiedHead())
+    model.freeze(["layers.head.weight"])
+    assert not model.layers.embed.weight.requires_grad  # one tensor: frozen under both names
+    assert model.layers.head.bias.requires_grad
