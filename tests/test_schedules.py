@@ -414,3 +414,62 @@ def test_a_lookahead_period_longer_than_the_run_is_warned(tmp_path, capsys):
     fits = ["--set", "trainer.lookahead_period=8"]
     assert train.main(["-c", str(path), "--run-id", "fits", *fits]) == 0
     assert "trainer.lookahead_period" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_reference_batch_size_scales_every_rate_of_a_schedule_that_sets_its_own(
+    num_examples, tmp_path
+):
+    """OneCycleLR and CyclicLR set the learning rate themselves (max_lr; base_lr and max_lr):
+    under reference_batch_size's factor the rate of every step is that factor x the rate the
+    unscaled schedule gives, for one rate or one per parameter group."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path)
+
+    def rates(schedule: dict, num_groups: int, lr_scale: float) -> list[list[float]]:
+        params = [torch.zeros(1, requires_grad=True) for _ in range(num_groups)]
+        optimizer = torch.optim.SGD(
+            [{"params": [param]} for param in params], lr=0.1 * lr_scale, momentum=0.9
+        )
+        config["lr_scheduler"] = {"interval": "step", **schedule}
+        scheduler = build_scheduler(ConfigParser(config, source="t.json"), optimizer, 4,
+                                    lr_scale=lr_scale)  # fmt: skip
+        steps = []
+        for _ in range(8):
+            steps.append([group["lr"] for group in optimizer.param_groups])
+            optimizer.step()
+            scheduler.step()
+        return steps
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        name=st.sampled_from(["OneCycleLR", "CyclicLR"]),
+        num_groups=st.integers(1, 2),
+        per_group=st.booleans(),
+        lr_scale=st.sampled_from([0.25, 0.5, 2.0, 3.0]),
+    )
+    def check(name: str, num_groups: int, per_group: bool, lr_scale: float) -> None:
+        def rate(value: float) -> float | list[float]:
+            return [value * (index + 1) for index in range(num_groups)] if per_group else value
+
+        args = {"max_lr": rate(0.4), "total_steps": 8}
+        if name == "CyclicLR":
+            args = {"base_lr": rate(0.05), "max_lr": rate(0.4), "step_size_up": 3}
+        schedule = {"type": name, "args": args}
+        scaled, unscaled = rates(schedule, num_groups, lr_scale), rates(schedule, num_groups, 1.0)
+        for step_scaled, step_unscaled in zip(scaled, unscaled, strict=True):
+            assert step_scaled == pytest.approx([r * lr_scale for r in step_unscaled])
+
+    check()
+
+
+def test_reference_batch_size_scales_cyclic_lrs_base_and_max_lr(tmp_path):
+    """CyclicLR at twice the reference batch: was base_lr and max_lr as given, the optimizer's
+    scaled rate overwritten by the unscaled base_lr."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path)
+    config["lr_scheduler"] = {
+        "type": "CyclicLR", "interval": "step",
+        "args": {"base_lr": 0.01, "max_lr": 0.1, "step_size_up": 2},
+    }  # fmt: skip
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.02, momentum=0.9)
+    scheduler = build_scheduler(ConfigParser(config, source="t.json"), optimizer, 4, lr_scale=2.0)
+    assert scheduler.base_lrs == pytest.approx([0.02]) and scheduler.max_lrs == pytest.approx([0.2])

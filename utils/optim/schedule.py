@@ -22,6 +22,9 @@ LENGTH_ARGS = {
     "OneCycleLR": "total_steps",
     "PolynomialLR": "total_iters",
 }
+# The learning rates a schedule sets itself, overriding the optimizer's: reference_batch_size
+# scales them as it scales the optimizer's (CyclicLR starts every group at base_lr).
+RATE_ARGS = {"OneCycleLR": ("max_lr",), "CyclicLR": ("base_lr", "max_lr")}
 # The keys of lr_scheduler that shape a schedule (a resume compares them).
 SHAPE_KEYS = ("type", "args", "interval", "warmup_epochs", "warmup_steps", "warmup_start_factor")
 
@@ -106,7 +109,7 @@ def build_scheduler(
     LinearLR from warmup_start_factor x lr (SequentialLR chains them), or None.
 
     lr_scale: optimizer.reference_batch_size's factor, applied to the rates a schedule sets
-    itself (OneCycleLR's max_lr) as build_optimizer applies it to the optimizer's.
+    itself (RATE_ARGS: OneCycleLR's max_lr, CyclicLR's base_lr and max_lr) as build_optimizer applies it to the optimizer's.
     """
     section = config["lr_scheduler"]
     if section is None:
@@ -127,11 +130,12 @@ def build_scheduler(
     if section["type"] == "ReduceLROnPlateau":
         derived.update(plateau_mode(config))
     scaled = {}
-    if section["type"] == "OneCycleLR" and lr_scale != 1 and "max_lr" in section["args"]:
-        max_lr = section["args"]["max_lr"]
-        scaled["max_lr"] = (
-            [rate * lr_scale for rate in max_lr] if isinstance(max_lr, list) else max_lr * lr_scale
-        )
+    for key in RATE_ARGS.get(section["type"], ()) if lr_scale != 1 else ():
+        if key in section["args"]:  # a rate, or one per parameter group
+            rate = section["args"][key]
+            scaled[key] = (
+                [r * lr_scale for r in rate] if isinstance(rate, list) else rate * lr_scale
+            )
     main = config.init_obj("lr_scheduler", schedulers, optimizer, overrides=scaled, **derived)
     if warmup == 0:
         return main
