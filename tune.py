@@ -107,7 +107,8 @@ def tune_lr(
     if not config.run_id_given:
         config.run_id = default_run_id(config.run_id, broadcast_object)
     out = config.log_dir
-    if out.exists() and any(out.iterdir()):  # another run's, or an earlier test's: kept
+    # Another run's folder, an earlier test's, or a file: kept (a file cannot be listed).
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out}: already exists; choose another --run-id")
     trainer = build_trainer(config, info, device, logger)
     trainer.check_first_batch()

@@ -753,3 +753,18 @@ def test_a_model_with_nothing_to_train_is_one_line_and_exit_2(what, tmp_path, ca
         error
     )
     assert not (tmp_path / "saved").exists()
+
+
+def test_a_run_id_naming_a_file_is_one_line_and_the_file_is_kept(tmp_path, capsys):
+    """--run-id whose folder is a file (another tool's, a typo): was NotADirectoryError's
+    traceback from listing it; now refused in one line, exit 2, the file as it was."""
+    import tune
+
+    config = demo_config(tmp_path)
+    taken = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "notes"
+    taken.parent.mkdir(parents=True)
+    taken.write_text("kept")
+    code = tune.main(["-c", str(config), "--lr-range", "--steps", "3", "--run-id", "notes"])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in error and error.endswith("choose another --run-id"), error
+    assert taken.read_text() == "kept"
