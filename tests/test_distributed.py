@@ -609,3 +609,36 @@ def test_evaluation_shares_sum_to_one_process_for_any_world_size(
     if num_samples:
         expected = sklearn_metrics.accuracy_score(targets.numpy(), outputs.argmax(dim=1).numpy())
         assert float(ranks[1] / ranks[-1]) == pytest.approx(expected, abs=1e-12)
+
+
+# train.py on a CPU that torch says computes bf16 only by emulation, as every rank sees it.
+EMULATED_BF16 = """
+import sys
+sys.path.insert(0, {root!r})
+import utils.distributed.device as device
+device.cpu_computes_bf16 = lambda: False  # this process is the test's own: no monkeypatch here
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_the_device_warnings_are_said_once_under_torchrun(tmp_path: Path) -> None:
+    """Every rank picks its device from one config: a warning about it (bf16 emulated on this
+    CPU) is rank 0's to say. Each rank printed it, tagged with its rank."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["data_loader"]["args"].update(num_train=64, num_test=8, validation_split=16)
+    config["trainer"].update(amp="bf16", epochs=1, tensorboard=False)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    script = tmp_path / "emulated_bf16.py"
+    script.write_text(EMULATED_BF16.format(root=str(ROOT)))
+    command = [
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        "-c",
+        str(tmp_path / "config.json"),
+    ]
+    result = run_torchrun(*command, "--run-id", "bf16", timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("on a CPU without bf16 instructions") == 1, output[-3000:]

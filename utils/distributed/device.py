@@ -17,7 +17,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 from utils.config.config_checks import DEVICE_NAME
-from utils.distributed.process_group import ProcessInfo, default_backend
+from utils.distributed.process_group import ProcessInfo, default_backend, said_by_rank0
 from utils.util import UserError
 
 # The torch release whose MPS backend has GradScaler kernels and an Inductor (compile) backend.
@@ -87,10 +87,14 @@ def run_device(
     training: bool = True,
 ) -> torch.device:
     """The device of a run (its `device` and `n_gpu`), once check_options accepted its options."""
-    device = select_device(
-        config["device"], config["n_gpu"], logger, info=info, source=config.source
-    )
-    check_options(config, device, logger, info=info, training=training)
+    info = info or ProcessInfo()
+    # Every rank decides from one config alike: its warnings (bf16 emulated, n_gpu ignored) are
+    # rank 0's to say, once; errors still come from every rank.
+    with said_by_rank0(logger, info.rank, config["trainer"]["verbosity"]):
+        device = select_device(
+            config["device"], config["n_gpu"], logger, info=info, source=config.source
+        )
+        check_options(config, device, logger, info=info, training=training)
     return device
 
 
