@@ -3,17 +3,20 @@ training batch, through the task's own training_step and the metrics, and throug
 validation_step's test-time augmentation (a mistake in the data's dtypes or shapes then stops
 the run in one line, not after an epoch, nor by training on nothing)."""
 
-from collections.abc import Callable
+import contextlib
+import math
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from base.evaluation import averaged_over_views
 from utils import unwrap_model
-from utils.data.batches import to_device
+from utils.data.batches import has_length, to_device
 from utils.evaluation.metric_sums import MetricSums
-from utils.util import DataError, describe_error
+from utils.util import DataError, UserError, describe_error
 
 if TYPE_CHECKING:
     from base.base_trainer import BaseTrainer
@@ -35,6 +38,49 @@ def describe(batch: Any) -> str:
     return ", ".join(
         f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors(batch)
     )
+
+
+@contextlib.contextmanager
+def one_sample_batch_check(trainer: "BaseTrainer") -> Iterator[None]:
+    """Around the first batch's forward: refuse, in one line, a training split whose last batch
+    of each pass holds one sample on this rank (the padded share under torchrun, equal on every
+    rank) when a BatchNorm the model trains sees one value per channel of a sample ((N, C), or
+    (N, C, 1, 1) as in resnet18's last blocks at 32 px): torch cannot take a variance of one
+    value and raised mid-epoch, after a whole pass. (A batch_size of 1 fails at the first step.)"""
+    loader = trainer.train_loader
+    batch_size = loader.batch_size
+    share = len(loader.sampler) if has_length(loader.sampler) else 0  # this rank's, per pass
+    if loader.drop_last or not batch_size or batch_size == 1 or share % batch_size != 1:
+        yield
+        return
+    single: list[str] = []  # the trained BatchNorms that see one value per channel of a sample
+
+    def before(name: str) -> Callable[[nn.Module, tuple], None]:
+        def hook(module: nn.Module, inputs: tuple) -> None:
+            if math.prod(inputs[0].shape[2:]) == 1:  # (N, C, *): the values per channel
+                single.append(name)
+
+        return hook
+
+    # Frozen submodules stay in evaluation mode (arch.freeze), where BatchNorm takes any batch:
+    # decided now, as the check's forward runs in evaluation mode.
+    handles = [
+        module.register_forward_pre_hook(before(name))
+        for name, module in trainer.model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+    if single:
+        raise UserError(
+            f"{trainer.config.source}: data_loader.args.batch_size: {batch_size} leaves a last "
+            f"training batch of 1 sample in each pass ({share} training samples per process), "
+            f"and BatchNorm {single[0]} cannot train on one value per channel; choose another "
+            "batch_size"
+        )
 
 
 def check_first_batch(trainer: "BaseTrainer") -> None:
@@ -68,7 +114,8 @@ def check_first_batch(trainer: "BaseTrainer") -> None:
     try:
         # A compiled model would compile a graph of its own here, for nothing: the plain one.
         trainer.model = getattr(model, "_orig_mod", model)
-        trainer.flops_per_sample = run_step(trainer, batch, where, trainer.training_step)
+        with one_sample_batch_check(trainer):
+            trainer.flops_per_sample = run_step(trainer, batch, where, trainer.training_step)
         trainer.model = model
         # The views are checked on this batch (its images' size) rather than after an epoch;
         # they run the plain model, which compiles nothing.

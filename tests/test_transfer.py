@@ -2,6 +2,7 @@
 download, a new classification head, frozen layers and per-group learning rates; the teacher a
 distillation loads from a checkpoint."""
 
+import contextlib
 import copy
 import json
 import logging
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags, shrink
+from conftest import NO_SAMPLE, NUM_EXAMPLES, ROOT, SAMPLE_DIR, run_main, set_flags, shrink
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -750,3 +751,68 @@ def test_a_weights_name_this_torchvision_lacks_still_rebuilds_its_checkpoint():
     than refusing the weights they would not read anyway."""
     arch = {"type": "TorchvisionModel", "args": {"name": "resnet18", "weights": "IMAGENET1K_V9"}}
     assert without_pretrained(arch) == {"weights": None}
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_a_one_sample_batch_is_refused_exactly_when_batch_norm_cannot_train_on_it(num_examples):
+    """Over split sizes, batch sizes, BatchNorms over (N, C) and over (N, C, H, W) of 1 or more
+    values per channel, trained or frozen (evaluation mode): the check around the first batch's
+    forward (in evaluation mode, as check_first_batch runs it) refuses exactly the splits on
+    which training a pass fails with torch's "Expected more than 1 value per channel"."""
+    from types import SimpleNamespace
+
+    from base.checks import one_sample_batch_check
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        num_samples=st.integers(2, 40),
+        batch_size=st.integers(2, 8),
+        side=st.sampled_from([None, 1, 2]),  # None: BatchNorm1d over (N, C)
+        frozen=st.booleans(),
+    )
+    def check(num_samples: int, batch_size: int, side: int | None, frozen: bool) -> None:
+        shape = (3,) if side is None else (3, side, side)
+        norm = nn.BatchNorm1d(3) if side is None else nn.BatchNorm2d(3)
+        model = nn.Sequential(nn.Identity(), norm)
+        norm.train(not frozen)
+        data = torch.utils.data.TensorDataset(torch.randn(num_samples, *shape))
+        loader = torch.utils.data.DataLoader(data, batch_size=batch_size)
+        try:
+            for (inputs,) in loader:
+                model(inputs)
+            fails = False
+        except ValueError as error:
+            assert "Expected more than 1 value per channel" in str(error)
+            fails = True
+        trainer = SimpleNamespace(
+            train_loader=loader, model=model, config=SimpleNamespace(source="t.json")
+        )
+        checked = one_sample_batch_check(trainer)
+        refused = pytest.raises(UserError, match=r"^t\.json: data_loader\.args\.batch_size: ")
+        with refused if fails else contextlib.nullcontext(), checked:
+            model.eval()
+            model(next(iter(loader))[0])
+
+    check()
+
+
+def test_resnet18_with_a_last_batch_of_one_sample_stops_train_py_at_the_start(tmp_path, capsys):
+    """resnet18 at 32 px, 4 x 2 + 1 training samples in batches of 4: its last blocks see one
+    value per channel in the last batch. Was torch's ValueError with a traceback at the end of
+    the first pass; now one line naming batch_size and the split, before anything is written."""
+    config = json.loads((ROOT / "configs/finetune.json").read_text())
+    config["arch"]["args"]["weights"] = None
+    config["data_loader"] = {
+        "type": "SyntheticDataLoader",
+        "args": {"batch_size": 4, "num_train": 13, "num_test": 4, "validation_split": 4},
+    }
+    config["trainer"].update(save_dir=str(tmp_path / "saved"), epochs=1, tensorboard=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert train.main(["-c", str(path), "--set", "n_gpu=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith(f"error: {path}: data_loader.args.batch_size: 4 leaves") and "\n" not in err
+    )
+    assert "(9 training samples per process)" in err
+    assert not (tmp_path / "saved").exists()
