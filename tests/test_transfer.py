@@ -27,6 +27,7 @@ from model.torchvision_model import AUX_HEADS, without_pretrained
 from parse_config import ConfigParser
 from trainer.distillation import load_teacher
 from utils import ConfigValueError, UserError
+from utils.data.sampler import EpochSampler
 from utils.distributed.process_group import ProcessInfo
 from utils.optim.optimizer import build_optimizer
 
@@ -755,10 +756,11 @@ def test_a_weights_name_this_torchvision_lacks_still_rebuilds_its_checkpoint():
 
 @pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
 def test_a_one_sample_batch_is_refused_exactly_when_batch_norm_cannot_train_on_it(num_examples):
-    """Over split sizes, batch sizes, BatchNorms over (N, C) and over (N, C, H, W) of 1 or more
-    values per channel, trained or frozen (evaluation mode): the check around the first batch's
-    forward (in evaluation mode, as check_first_batch runs it) refuses exactly the splits on
-    which training a pass fails with torch's "Expected more than 1 value per channel"."""
+    """Over split sizes, batch sizes, numbers of processes (a rank's padded share), BatchNorms
+    over (N, C) and over (N, C, H, W) of 1 or more values per channel, trained or frozen
+    (evaluation mode): the check around the first batch's forward (in evaluation mode, as
+    check_first_batch runs it) refuses exactly the splits on which training a pass fails with
+    torch's "Expected more than 1 value per channel"."""
     from types import SimpleNamespace
 
     from base.checks import one_sample_batch_check
@@ -769,14 +771,21 @@ def test_a_one_sample_batch_is_refused_exactly_when_batch_norm_cannot_train_on_i
         batch_size=st.integers(2, 8),
         side=st.sampled_from([None, 1, 2]),  # None: BatchNorm1d over (N, C)
         frozen=st.booleans(),
+        num_processes=st.integers(1, 3),
+        data=st.data(),
     )
-    def check(num_samples: int, batch_size: int, side: int | None, frozen: bool) -> None:
+    def check(num_samples: int, batch_size: int, side: int | None, frozen: bool,
+              num_processes: int, data: st.DataObject) -> None:  # fmt: skip
         shape = (3,) if side is None else (3, side, side)
         norm = nn.BatchNorm1d(3) if side is None else nn.BatchNorm2d(3)
         model = nn.Sequential(nn.Identity(), norm)
         norm.train(not frozen)
-        data = torch.utils.data.TensorDataset(torch.randn(num_samples, *shape))
-        loader = torch.utils.data.DataLoader(data, batch_size=batch_size)
+        dataset = torch.utils.data.TensorDataset(torch.randn(num_samples, *shape))
+        # Under torchrun a rank's share, padded as the training sampler pads it (equal shares).
+        rank = data.draw(st.integers(0, num_processes - 1), label="rank")
+        sampler = EpochSampler(range(num_samples), shuffle=False, seed=0, rank=rank,
+                               num_replicas=num_processes, pad=num_processes > 1)  # fmt: skip
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
         try:
             for (inputs,) in loader:
                 model(inputs)
