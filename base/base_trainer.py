@@ -108,7 +108,7 @@ class BaseTrainer(abc.ABC):
             self.geometry = batch_geometry(config, self.train_loader)
             self.data_fingerprint = data.fingerprint()
             self.ema = new_average(unwrap_model(self.model), options, self.steps_per_epoch)
-            self.lookahead = new_lookahead(unwrap_model(self.model), config, self.steps_per_epoch)
+            self.lookahead = new_lookahead(unwrap_model(self.model), options, self.steps_per_epoch)
             self.epoch_limits = epoch_limits(config, unwrap_model(self.model))  # train_epochs
         self.data_wait_seconds = 0.0  # of the last epoch, measured by train_epoch
         self.flops_per_sample: float | None = None  # of a training step, counted by base/checks.py

@@ -10,13 +10,9 @@ end (the CIFAR-10 speed records' cubic ramp). The run's last step ends on the sl
 BatchNorm's statistics are averaged with the weights. Python floats only: no host-device sync."""
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from parse_config import ConfigParser
 
 
 def floating_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -24,13 +20,10 @@ def floating_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: value for name, value in model.state_dict().items() if value.is_floating_point()}
 
 
-def new_lookahead(
-    model: nn.Module, config: "ConfigParser", steps_per_epoch: int = 0
-) -> "Lookahead | None":
+def new_lookahead(model: nn.Module, options: dict, steps_per_epoch: int = 0) -> "Lookahead | None":
     """trainer.lookahead_period's Lookahead of `model`'s weights, or None when it is off. Warns
     when the period is longer than the run (epochs x steps_per_epoch): with no synchronisation
     the slow weights stay the initial ones, and the run ends on them."""
-    options = config["trainer"]
     if options["lookahead_period"] is None:
         return None
     period, decay, ramp = (options[f"lookahead_{k}"] for k in ("period", "decay", "ramp"))
