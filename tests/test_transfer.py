@@ -441,6 +441,42 @@ def test_a_five_class_teacher_for_ten_classes_is_refused(tmp_path):
     assert "scores 5 classes, the student (arch.args.num_classes) 10;" in result.stderr
 
 
+def teacher_for_images(tmp_path: Path, side: int) -> Path:
+    """A demo teacher built for side x side images (the demo data's are 32 x 32)."""
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["arch"]["args"]["in_shape"] = [3, side, side]
+    path = tmp_path / f"teacher-{side}px.pth"
+    return save_teacher(path, config, demo_network(config, 0).state_dict())
+
+
+# Sides whose head does not fit 32 x 32 images: the shrunk CNN's 2 blocks quarter the side.
+OTHER_SIDES = st.integers(8, 64).filter(lambda side: side // 4 != 32 // 4)
+
+
+@settings(max_examples=6, deadline=None)
+@given(OTHER_SIDES)
+def test_a_teacher_for_other_inputs_is_refused_in_one_line_naming_it(tmp_path_factory, side):
+    """Its forward fails on the data's images: refused before anything is written, naming
+    trainer.args.teacher, not as a batch that does not fit the student (or mid-epoch)."""
+    tmp_path = tmp_path_factory.mktemp("distill")
+    teacher = teacher_for_images(tmp_path, side)
+    config = distill_config(tmp_path, teacher)
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(
+        f"error: {config}: trainer.args: teacher: {teacher} does not take the inputs "
+        "(1, 3, 32, 32) float32: RuntimeError: "
+    ), result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "saved" / "models").exists()
+
+
+def test_a_teacher_for_16_pixel_images_is_refused(tmp_path):
+    config = distill_config(tmp_path, teacher_for_images(tmp_path, 16))
+    result = run_main("train.py", "-c", str(config))
+    assert result.returncode == 2
+    assert "teacher-16px.pth does not take the inputs (1, 3, 32, 32) float32" in result.stderr
+
+
 def rows(scores: torch.Tensor) -> torch.Tensor:
     """Dense scores (B, K, H, W) as one row of K per pixel: (B * H * W, K)."""
     return scores.movedim(1, -1).reshape(-1, scores.shape[1])

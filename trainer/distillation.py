@@ -21,11 +21,14 @@ import torch.nn.functional as F
 
 import model.model as arch_module
 from base import BaseDataLoader, StepOutput
+from base.checks import describe
 from parse_config import ConfigParser
 from trainer.trainer import Trainer
 from utils import ConfigValueError, unwrap_model
+from utils.data.batches import to_device
 from utils.state.checkpoint import CheckpointError, load_checkpoint, use_averaged_weights
 from utils.state.model_state import load_model_state
+from utils.util import ConfigError, describe_error
 
 
 class DistillationTrainer(Trainer):
@@ -53,7 +56,24 @@ class DistillationTrainer(Trainer):
             return
         self.teacher, teacher_names = load_teacher(Path(teacher))
         self.teacher.to(self.device)
+        self.teacher_path = teacher
         check_classes(teacher, self.teacher, teacher_names, unwrap_model(self.model), self.data)
+
+    def check_first_batch(self) -> None:
+        """The teacher on a sample of the first training batch, before Trainer's check of the
+        student: a teacher built for other inputs (another image size) or scoring another
+        number of outputs is refused naming trainer.args.teacher, not the data or the student."""
+        batch = next(iter(self.train_loader), None)
+        if self.teacher is not None and batch is not None:
+            images = to_device(batch, self.device, self.options["channels_last"])[0][:1]
+            student = getattr(self.model, "_orig_mod", self.model)  # not compiled for this
+            error = teacher_misfit(self.teacher, student, images)  # images: (1, C, H, W)
+            if error is not None:
+                raise ConfigError(
+                    f"{self.config.source}: trainer.args: teacher: {self.teacher_path} {error}; "
+                    "distil from a teacher trained on inputs and classes like this data's"
+                )
+        super().check_first_batch()
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
         images, labels = batch  # (B, C, H, W), (B,)
@@ -76,6 +96,34 @@ class DistillationTrainer(Trainer):
         hard_loss = self.criterion(output, mixed_labels)
         loss = self.alpha * soft_loss + (1 - self.alpha) * hard_loss
         return StepOutput(loss=loss, output=output, target=labels)
+
+
+def teacher_misfit(
+    teacher: torch.nn.Module, student: torch.nn.Module, images: torch.Tensor
+) -> str | None:
+    """Why the teacher cannot score `images` as the student does (None: it can): its forward
+    fails on them, or its output has another shape than the student's (the soft loss compares
+    them score by score). A student that fails is left to Trainer's check of the first batch."""
+    training = student.training
+    # Evaluation mode, no gradient, the random state untouched: the run starts as without it.
+    with torch.random.fork_rng(devices=[images.device] if images.is_cuda else []), torch.no_grad():
+        try:
+            teacher_output = teacher(images)
+        except (RuntimeError, ValueError) as error:
+            return f"does not take the inputs {describe(images)}: {describe_error(error)}"
+        try:
+            student.eval()
+            student_output = student(images)
+        except (RuntimeError, ValueError):
+            return None
+        finally:
+            student.train(training)
+    if teacher_output.shape != student_output.shape:
+        return (
+            f"outputs {tuple(teacher_output.shape)} for the inputs {describe(images)}, the "
+            f"student {tuple(student_output.shape)}"
+        )
+    return None
 
 
 def load_teacher(path: Path) -> tuple[torch.nn.Module, list[str]]:
