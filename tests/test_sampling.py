@@ -456,6 +456,43 @@ def test_folds_are_disjoint_stratified_and_cover_the_set():
     assert set(again.tolist()) == validations[0] != set(other.tolist())
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), min_size=2, max_size=120),
+    st.integers(2, 9),
+    st.integers(0, 2**16),
+    st.integers(1, 64),
+    st.integers(1, 4),
+)
+def test_any_folds_partition_the_samples_stratified_whatever_the_batches_and_ranks(
+    labels, num_folds, seed, batch_size, num_replicas
+):
+    """Over any labels, K (sizes that do not divide evenly too), seed, batch size and world
+    size: every sample is validated by exactly one fold and trained on by the others, the folds
+    differ in size by at most one sample and hold each class's share to within one."""
+    num_folds = min(num_folds, len(labels))
+    labels_array, rank = np.array(labels), num_replicas - 1
+    counts = np.bincount(labels_array, minlength=5)
+    validated = np.zeros(len(labels), dtype=int)
+    sizes = []
+    for fold in range(num_folds):
+        split = Toy(labels, folds=num_folds, fold=fold, seed=seed).split_indices()
+        sharded = Toy(
+            labels, folds=num_folds, fold=fold, seed=seed, batch_size=batch_size,
+            num_replicas=num_replicas, rank=rank,
+        ).split_indices()  # fmt: skip
+        assert all(np.array_equal(a, b) for a, b in zip(split, sharded, strict=True))
+        train_indices, val_indices = split
+        assert np.array_equal(np.union1d(train_indices, val_indices), np.arange(len(labels)))
+        assert len(train_indices) + len(val_indices) == len(labels)  # disjoint
+        np.add.at(validated, val_indices, 1)
+        per_class = np.bincount(labels_array[val_indices], minlength=5)
+        assert np.all(np.abs(per_class - counts / num_folds) < 1)
+        sizes.append(len(val_indices))
+    assert np.all(validated == 1)
+    assert max(sizes) - min(sizes) <= 1
+
+
 def test_a_fold_validates_without_augmentation_and_trains_on_the_rest():
     data = Toy(FOLD_LABELS, folds=4, fold=2, validation_split=0.5, batch_size=100)
     _, val_indices = data.split_indices()
