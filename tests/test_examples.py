@@ -12,12 +12,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import run_main, torchrun, write_shrunk
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import train as train_script
 from build import build_trainer
 from data_loader.data_loaders import NoisyShapesDataLoader
 from model.metric import psnr
 from parse_config import ConfigParser
+from trainer.distillation import DistillationTrainer
 from utils.distributed.process_group import ProcessInfo
 
 DENOISE = {
@@ -157,6 +160,39 @@ def test_distillation_step_computes_its_loss(tmp_path, teacher, alpha):
     torch.testing.assert_close(result.loss, expected)
     # The teacher is frozen: it is not among the parameters being trained.
     assert not any(param.requires_grad for param in trainer.teacher.parameters())
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(2, 8),
+    st.floats(0.25, 20.0),
+    st.floats(0.0, 1.0),
+    st.integers(0, 2**16),
+    st.floats(0.1, 30.0),
+)
+def test_the_distillation_loss_is_the_documented_formula(
+    batch_size, num_classes, temperature, alpha, seed, scale
+):
+    """loss = alpha * T^2 * KL(teacher_T || student_T) + (1 - alpha) * CE(student, labels), the
+    KL per sample (batchmean), by hand from the softmaxes, over any logits, T and alpha."""
+    generator = torch.Generator().manual_seed(seed)
+    student = scale * torch.randn(batch_size, num_classes, generator=generator, dtype=torch.float64)
+    teacher = scale * torch.randn(batch_size, num_classes, generator=generator, dtype=torch.float64)
+    labels = torch.randint(num_classes, (batch_size,), generator=generator)
+    trainer = type("Step", (), {})()  # what training_step reads of the trainer
+    trainer.mix = lambda images, labels: (images, labels)
+    trainer.model, trainer.teacher = (lambda _: student), (lambda _: teacher)
+    trainer.criterion, trainer.temperature, trainer.alpha = F.cross_entropy, temperature, alpha
+    result = DistillationTrainer.training_step(trainer, (torch.zeros(batch_size, 1), labels))
+    p_teacher = torch.softmax(teacher / temperature, 1)
+    # xlogy: 0 log 0 = 0 where a teacher probability underflows
+    log_student = torch.log_softmax(student / temperature, 1)
+    kl = (torch.special.xlogy(p_teacher, p_teacher) - p_teacher * log_student).sum(1)
+    soft = kl.mean() * temperature**2
+    expected = alpha * soft + (1 - alpha) * F.cross_entropy(student, labels)
+    torch.testing.assert_close(result.loss, expected, rtol=1e-9, atol=1e-9)
+    assert result.output is student and result.target is labels
 
 
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
