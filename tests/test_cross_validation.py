@@ -4,6 +4,7 @@ run_main): what is checked is what they write and print, not the process."""
 
 import fcntl
 import json
+import logging
 import shutil
 import statistics
 from pathlib import Path
@@ -11,11 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, run_main, shrink
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import data_loader.data_loaders as data_module
 import train
 import utils.state.folds as folds_module
 from parse_config import ConfigParser
+from utils.distributed.process_group import ProcessInfo
 from utils.state.folds import RESULT, SUMMARY, summarize_folds, summary_lines
 
 RUN = Path("models") / "Demo_CifarCNN"
@@ -154,6 +158,43 @@ def test_each_fold_has_its_folder_inside_the_run(make_config, tmp_path):
     assert fold.log_dir == tmp_path / "saved" / "log" / "Demo_CifarCNN" / "cv" / "fold-2"
     assert fold.config["data_loader"]["args"]["fold"] == 2
     assert parser.fold is None  # for_fold made a copy
+
+
+# make_config's file and caplog (cleared) serve every example alike.
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.integers(2, 6).flatmap(lambda k: st.tuples(st.just(k), st.sets(st.integers(0, k - 1)))))
+def test_a_fold_that_leaves_others_without_a_result_names_them_and_how_to_train_them(
+    make_config, tmp_path_factory, caplog, folds_done
+):
+    """A resumed fold (-r fold-<i>/) trains that fold alone: nothing else starts the folds
+    that have no result, so the log line names them and the command that trains them."""
+    num_folds, finished = folds_done
+    save_dir = tmp_path_factory.mktemp("saved")
+    args = ["-c", str(make_config()), "--folds", str(num_folds), "--run-id", "cv"]
+    args += ["--fold", "0", "--set", f"trainer.save_dir={save_dir}"]
+    config = ConfigParser.from_args(train.parse_args(args))
+    run_dir = config.run_checkpoint_dir
+    for fold in finished | {0}:
+        (run_dir / f"fold-{fold}").mkdir(parents=True, exist_ok=True)
+        (run_dir / f"fold-{fold}" / RESULT).write_text("{}")
+    missing = sorted(set(range(num_folds)) - finished - {0})
+
+    def trained(fold_config, info, device, finish):  # fold 0 finished, with its result
+        return None
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="train"):
+        summary = folds_module.cross_validate(config, ProcessInfo(), torch.device("cpu"), trained)
+    if not missing:
+        return  # every fold has a result: the real finish_fold writes the summary
+    assert summary is None
+    assert caplog.messages[-1] == (
+        f"Fold 0 finished; {SUMMARY} follows when every fold (0 to {num_folds - 1}) has. "
+        f"Without a result yet: fold {', '.join(map(str, missing))}; train each with --folds "
+        f"{num_folds} --fold <i> --run-id cv (one that has started: -r {run_dir / 'fold-<i>'})"
+    )
 
 
 def is_locked(folder: Path) -> bool:

@@ -131,8 +131,17 @@ def cross_validate(
         fold_config = config.for_fold(fold)
         summary = train(fold_config, info, device, finish_fold)
     if info.is_main and summary is None:
+        # Nothing else trains them: a resumed fold (-r fold-<i>/) runs that fold alone, so name
+        # what is missing and how to train it rather than let the user wait for the summary.
+        run_dir = config.run_checkpoint_dir
+        missing = [
+            i for i in range(config.num_folds) if not (run_dir / f"fold-{i}" / RESULT).is_file()
+        ]
         logging.getLogger("train").info(
-            "Fold %d finished; %s follows when every fold (0 to %d) has.",
-            fold, SUMMARY, config.num_folds - 1,
+            "Fold %d finished; %s follows when every fold (0 to %d) has. Without a result yet: "
+            "fold %s; train each with --folds %d --fold <i> --run-id %s (one that has started: "
+            "-r %s)",
+            fold, SUMMARY, config.num_folds - 1, ", ".join(map(str, missing)), config.num_folds,
+            config.run_id, run_dir / "fold-<i>",
         )  # fmt: skip
     return summary
