@@ -158,8 +158,11 @@ def test_distillation_step_computes_its_loss(tmp_path, teacher, alpha):
     ) * temperature**2  # fmt: skip
     expected = alpha * soft + (1 - alpha) * F.cross_entropy(student, labels)
     torch.testing.assert_close(result.loss, expected)
-    # The teacher is frozen: it is not among the parameters being trained.
+    # The teacher is frozen: it is not among the parameters being trained, nor the optimizer's.
     assert not any(param.requires_grad for param in trainer.teacher.parameters())
+    optimized = {id(param) for group in trainer.optimizer.param_groups for param in group["params"]}
+    assert not optimized & {id(param) for param in trainer.teacher.parameters()}
+    assert not trainer.teacher.training
 
 
 @settings(max_examples=30, deadline=None)
