@@ -73,6 +73,11 @@ class EncodedImages(Dataset):
             orientation = exif_orientation(Image.open(io.BytesIO(data)))
         except (OSError, SyntaxError, ValueError):
             orientation = 1
+        except Image.DecompressionBombError:
+            # A header claiming more pixels than PIL's limit: refused by the PIL path in one
+            # line naming the file, so refused here the same way (not a worker's traceback,
+            # nor a decode of that many pixels on the device).
+            return self.pil_decode(path), label, index, 1
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, index, orientation
 
 

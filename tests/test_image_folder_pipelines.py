@@ -450,6 +450,28 @@ def test_a_damaged_jpeg_is_named(tmp_path):
     assert message.startswith(f"{damaged}: unreadable image (") and "\n" not in message
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_jpeg_over_pils_pixel_limit_is_named_as_the_pil_path_names_it(tmp_path, num_workers):
+    """A JPEG whose header claims more pixels than PIL's limit (a decompression bomb): the PIL
+    path refuses it in one line naming the file; decode "device" raised PIL's
+    DecompressionBombError from the worker, a traceback without the file's name."""
+    root = write_images(tmp_path / "images", {"train": ".jpg"}, count=1)
+    bomb = root / "train" / "b" / "0.jpg"
+    data = bytearray(bomb.read_bytes())
+    frame = data.find(b"\xff\xc0") + 5  # the baseline frame header's height and width
+    data[frame : frame + 4] = (20000).to_bytes(2, "big") * 2  # 400 M pixels
+    bomb.write_bytes(data)
+    messages = []
+    for decode in ("pil", "device"):
+        args = {"batch_size": 4, "seed": 0, "num_workers": num_workers, "decode": decode}
+        with pytest.raises(DataError) as error:
+            list(ImageFolderDataLoader(str(root), **args).train_loader())
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+    assert messages[1].startswith(f"{bomb}: unreadable image (DecompressionBombError: ")
+    assert "\n" not in messages[1]
+
+
 def test_erase_randomly_erases_one_rectangle_per_image_with_its_probability():
     images = torch.ones(200, 3, 16, 16)
     erase_randomly(images, 0.5)
