@@ -97,6 +97,13 @@ class ImageDataLoader(BaseDataLoader):
         }
         if self.preset == "cifar":
             self.augmentation.update(crop_padding=crop_padding, padding_mode=padding_mode)
+            # Reflect padding mirrors pixels of the image itself: it needs that many beyond the
+            # edge row (torch's pad refuses it at the first batch otherwise, in either pipeline).
+            if padding_mode == "reflect" and crop_padding >= self.size(augment=True):
+                raise ConfigValueError(
+                    f'crop_padding: {crop_padding} with padding_mode "reflect" must be smaller '
+                    f"than the training image size {self.size(augment=True)}"
+                )
         if eval_resize_size is not None:
             if self.preset != "imagenet":
                 raise ConfigValueError(

@@ -8,6 +8,8 @@ import warnings
 import pytest
 import torch
 from conftest import ROOT
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from data_loader.data_loaders import ImageFolderDataLoader, SyntheticDataLoader
 from data_loader.device_pipeline import crop_and_flip
@@ -191,6 +193,25 @@ def test_what_the_device_pipeline_does_not_do_is_refused(tmp_path, args, message
         ImageFolderDataLoader(str(tmp_path), batch_size=4, seed=0, decode="nvjpeg")
     with pytest.raises(ConfigValueError, match="cache_dir must be a folder path or null, got 3"):
         ImageFolderDataLoader(str(tmp_path), batch_size=4, seed=0, cache_dir=3)
+
+
+@settings(max_examples=20, deadline=None)
+@given(image_size=st.integers(2, 20), crop_padding=st.integers(0, 15))
+@example(image_size=4, crop_padding=4)  # the reported case: a traceback at the first batch
+def test_reflect_padding_wider_than_the_image_is_refused_up_front(image_size, crop_padding):
+    """Reflect padding mirrors pixels of the image: torch's pad needs fewer than its side. A
+    padding that the first batch would fail on is a one-line ConfigValueError at construction;
+    any other trains on both pipelines."""
+    args = {"image_size": image_size, "crop_padding": crop_padding, "padding_mode": "reflect"}
+    if crop_padding >= image_size:
+        with pytest.raises(ConfigValueError, match=f"crop_padding: {crop_padding} with padding_"):
+            synthetic(**args)
+        return
+    for pipeline in ("dataloader", "device"):
+        loader = synthetic(pipeline=pipeline, num_train=12, num_workers=0, **args).train_loader()
+        loader.sampler.set_epoch(1)
+        images, _ = next(iter(loader))
+        assert images.shape == (2, 3, image_size, image_size)
 
 
 def test_the_loader_benchmark_runs(capsys):
