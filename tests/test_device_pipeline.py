@@ -12,11 +12,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from data_loader.data_loaders import ImageFolderDataLoader, SyntheticDataLoader
-from data_loader.device_pipeline import crop_and_flip
+from data_loader.device_pipeline import DeviceBatches, Normalise, crop_and_flip
 from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD
 from utils import ConfigValueError
 from utils.data.batches import epoch_batches
-from utils.data.sampler import EpochSampler
+from utils.data.sampler import EpochSampler, alternating_flips
 
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
@@ -91,6 +91,93 @@ def test_batches_follow_the_sampler_of_each_rank(args):
         assert labels.tolist() == [samples[index][1] for index in order]
 
 
+def assert_same_batches(expected_loader, loader) -> None:
+    """`loader` yields `expected_loader`'s batches bit for bit, as many as both their len()s."""
+    expected, found = list(expected_loader), list(loader)
+    assert len(found) == len(expected) == len(loader) == len(expected_loader)
+    for (images, labels), (expected_images, expected_labels) in zip(found, expected, strict=True):
+        assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    num_train=st.integers(11, 50),  # 10 of them for validation
+    num_test=st.integers(1, 20),
+    batch_size=st.integers(1, 9),
+    num_replicas=st.integers(1, 3),
+    drop_last=st.booleans(),
+    epoch=st.integers(1, 5),
+)
+def test_every_sample_once_in_the_dataloaders_batches_for_any_sizes(
+    num_train, num_test, batch_size, num_replicas, drop_last, epoch
+):
+    """For any split size, batch size and number of ranks: evaluation batches equal the
+    DataLoader path's bit for bit (so do its metrics), each sample once over the ranks; the
+    training pass (unaugmented) has the DataLoader's samples, batches and drop_last rule."""
+    args = {"batch_size": batch_size, "num_train": num_train, "num_test": num_test}
+    seen = []
+    for rank in range(num_replicas):
+        shared = {**args, "num_replicas": num_replicas, "rank": rank, "num_workers": 0}
+        standard, device = synthetic(**shared), synthetic(pipeline="device", **shared)
+        for split in ("val", "test"):
+            loaders = standard.eval_loader(split), device.eval_loader(split)
+            assert_same_batches(*loaders)
+            if split == "test":
+                seen += list(loaders[1].sampler)
+        samplers = standard.train_sampler(), device.train_sampler()
+        drop = drop_last and len(samplers[0]) >= batch_size  # as train_loader decides
+        loaders = [
+            data.loader("train", sampler, augment=False, drop_last=drop)
+            for data, sampler in zip((standard, device), samplers, strict=True)
+        ]
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+        assert_same_batches(*loaders)
+    assert sorted(seen) == list(range(num_test))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    num_images=st.integers(1, 40),
+    batch_size=st.integers(1, 16),
+    padding=st.integers(0, 8),
+    padding_mode=st.sampled_from(["constant", "reflect"]),
+    flip=st.sampled_from(["random", "alternating", "none"]),
+    seed=st.integers(0, 2**16),
+)
+def test_labels_stay_with_their_images_through_the_augmentation(
+    num_images, batch_size, padding, padding_mode, flip, seed
+):
+    """Images whose every pixel is their label's code: after crop, padding and flip the centre
+    pixel (inside the image for any offset) still gives each image's label."""
+    labels = torch.arange(num_images) % 10
+    codes = (labels * 20 + 15).to(torch.uint8)  # 15, 35, ..., 195
+    images = codes.view(-1, 1, 1, 1).expand(-1, 3, 20, 20).contiguous()
+    sampler = EpochSampler(range(num_images), shuffle=True, seed=seed)
+    if flip == "alternating":
+        sampler.flips = alternating_flips(num_images, seed)
+    batches = DeviceBatches(
+        images,
+        labels,
+        sampler,
+        dataset=None,
+        batch_size=batch_size,
+        drop_last=False,
+        augment=True,
+        normalise=Normalise(CIFAR10_MEAN, CIFAR10_STD, torch.device("cpu")),
+        seed=seed,
+        padding=padding,
+        padding_mode=padding_mode,
+        flip=flip,
+    )
+    sampler.set_epoch(3)
+    output, output_labels = all_batches(batches)
+    assert sorted(output_labels.tolist()) == sorted(labels.tolist())
+    assert torch.equal(
+        to_pixels(output)[:, :, 10, 10], codes[output_labels].view(-1, 1).expand(-1, 3)
+    )
+
+
 def test_a_pass_is_ordered_without_a_python_object_per_sample(monkeypatch):
     """The pass's order comes from the sampler's index array (issue 31, item 18): iterating the
     sampler makes a SeededIndex per sample, 70-250 ms for a 45,000-sample pass."""
@@ -150,6 +237,36 @@ def test_len_epoch_spans_passes_and_a_resume_skips_by_index():
     ):
         assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
     assert not torch.equal(whole[0][0], whole[7][0])  # pass 2 is another order
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    num_train=st.integers(12, 50),
+    batch_size=st.integers(1, 9),
+    num_replicas=st.integers(1, 3),
+    drop_last=st.booleans(),
+    flip=st.sampled_from(["random", "alternating", "none"]),
+    data=st.data(),
+)
+def test_a_resume_at_any_batch_continues_the_uninterrupted_epoch(
+    num_train, batch_size, num_replicas, drop_last, flip, data
+):
+    """On every rank, the batches after a resume at any batch of a len_epoch spanning passes
+    are the uninterrupted epoch's, augmentation included."""
+    rank = data.draw(st.integers(0, num_replicas - 1))
+    loader = synthetic(
+        pipeline="device", num_train=num_train, batch_size=batch_size, flip=flip,
+        num_replicas=num_replicas, rank=rank,
+    ).train_loader(drop_last=drop_last)  # fmt: skip
+    len_epoch = data.draw(st.integers(1, 3 * len(loader)))
+    first_batch = data.draw(st.integers(0, len_epoch - 1))
+    whole = list(epoch_batches(loader, 2, 0, len_epoch, lambda: None))
+    resumed = list(epoch_batches(loader, 2, first_batch, len_epoch, lambda: None))
+    assert len(resumed) == len_epoch - first_batch
+    for (images, labels), (expected_images, expected_labels) in zip(
+        resumed, whole[first_batch:], strict=True
+    ):
+        assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
 
 
 def test_crop_and_flip_draws_every_offset_and_flips_half():
