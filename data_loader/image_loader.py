@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from base import BaseDataLoader
+from base.base_data_loader import DataError
 from data_loader.device_pipeline import DeviceBatches, Normalise
 from data_loader.image_cache import decode_split
 from data_loader.transforms import (
@@ -17,7 +18,7 @@ from data_loader.transforms import (
     PADDING_MODES,
     preset_transform,
 )
-from utils import ConfigValueError
+from utils import ConfigValueError, describe_error
 from utils.data.sampler import EpochSampler, alternating_flips
 
 # data_loader.args.pipeline: per-sample transforms in DataLoader workers, or the split held on
@@ -186,7 +187,16 @@ class ImageDataLoader(BaseDataLoader):
         key = (self.location(split), size)
         if key not in self._on_device:
             images, labels = self.uint8_split(split, size)
-            self._on_device[key] = images.to(self.device), labels.to(self.device)
+            try:
+                self._on_device[key] = images.to(self.device), labels.to(self.device)
+            except torch.OutOfMemoryError as error:
+                # A split too large for the device is the config's choice, not a bug: one line.
+                raise DataError(
+                    f'pipeline "device": split "{split}" ({len(images)} images of {size} px, '
+                    f"{images.nbytes / 2**30:.2f} GiB as uint8) does not fit in {self.device} "
+                    f'memory ({describe_error(error)}); use "pipeline": "dataloader" or a '
+                    "smaller image_size"
+                ) from None
         return self._on_device[key]
 
     def uint8_split(self, split: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:

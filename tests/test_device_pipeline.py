@@ -17,6 +17,7 @@ from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD
 from utils import ConfigValueError
 from utils.data.batches import epoch_batches
 from utils.data.sampler import EpochSampler, alternating_flips
+from utils.util import DataError
 
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
@@ -329,6 +330,31 @@ def test_reflect_padding_wider_than_the_image_is_refused_up_front(image_size, cr
         loader.sampler.set_epoch(1)
         images, _ = next(iter(loader))
         assert images.shape == (2, 3, image_size, image_size)
+
+
+class NoRoom(torch.Tensor):
+    """A split that the device has no memory for: moving it raises CUDA's out-of-memory error."""
+
+    def to(self, *args, **kwargs) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 150.00 MiB")
+
+
+def test_a_split_the_device_has_no_memory_for_is_one_line(monkeypatch):
+    """pipeline "device" copies the whole split to the device: one too large for it was a torch
+    OutOfMemoryError traceback at the start; now a DataError saying what to change."""
+    data = synthetic(pipeline="device")
+    split = data.uint8_split
+
+    def too_large(name: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = split(name, size)
+        return images.as_subclass(NoRoom), labels
+
+    monkeypatch.setattr(data, "uint8_split", too_large)
+    with pytest.raises(DataError) as error:
+        data.train_loader()
+    message = str(error.value)
+    assert message.startswith('pipeline "device": split "train" (60 images of 32 px, 0.00 GiB')
+    assert 'use "pipeline": "dataloader"' in message and "\n" not in message
 
 
 def test_the_loader_benchmark_runs(capsys):
