@@ -179,6 +179,10 @@ class DeviceDecodedBatches:
                         turn_upright(image, orientations[position])
                         for image, position in zip(decoded, jpegs, strict=True)
                     ]
+                except torch.OutOfMemoryError:
+                    # A RuntimeError too, but not the files' fault: decoding every image by PIL
+                    # instead would hide it behind a run many times slower.
+                    raise
                 except RuntimeError:  # one file the device decoder cannot read: find it
                     decoded = [
                         self.decode_one(data[position], orientations[position], paths[position])
@@ -211,6 +215,8 @@ class DeviceDecodedBatches:
         decoders) is given to PIL, which reads what it can and names the file when it cannot."""
         try:
             image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.decoder)
+        except torch.OutOfMemoryError:
+            raise  # the device's memory, not the file (decode's except above)
         except RuntimeError:
             return self.pil_decode(path)  # upright already, as load_image reads it
         return turn_upright(image, orientation)

@@ -23,6 +23,7 @@ from PIL import ExifTags, Image, ImageOps
 from test_device_pipeline import all_batches
 from torchvision.transforms import v2
 
+import data_loader.device_decode
 import data_loader.image_cache
 import train
 from base.base_data_loader import DataError
@@ -448,6 +449,28 @@ def test_a_damaged_jpeg_is_named(tmp_path):
         list(data.train_loader())
     message = str(error.value)
     assert message.startswith(f"{damaged}: unreadable image (") and "\n" not in message
+
+
+def test_the_device_running_out_of_memory_while_decoding_is_not_hidden(tmp_path, monkeypatch):
+    """decode_jpeg's OutOfMemoryError is a RuntimeError, which the decoder took for a file it
+    cannot read: every image of every batch was then decoded again by PIL, the run many times
+    slower and the error never shown. It now reaches the user as it is."""
+    root = write_images(tmp_path / "images", {"train": ".jpg"})
+    loader = ImageFolderDataLoader(str(root), batch_size=4, seed=0, decode="device").train_loader()
+    decoded_by_pil = []
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def by_pil(path: str) -> torch.Tensor:
+        decoded_by_pil.append(path)
+        return load_image_tensor(path)
+
+    monkeypatch.setattr(data_loader.device_decode, "decode_jpeg", no_memory)
+    monkeypatch.setattr(loader, "pil_decode", by_pil)
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+        next(iter(loader))
+    assert decoded_by_pil == []
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
