@@ -235,34 +235,62 @@ def test_ema_equals_the_closed_form_average(tmp_path, period):
 # --- Lookahead ----------------------------------------------------------------------------------
 
 
-def test_lookahead_equals_its_definition() -> None:
-    """Every 2 steps slow = share * slow + (1 - share) * fast with share = 0.6 (step / 7) ** 2,
-    and training goes on from slow; after the last step (7, between two) the model is slow."""
+def run_lookahead(period: int, decay: float, ramp: float, total_steps: int) -> None:
+    """Trains a tiny model `total_steps` SGD steps with Lookahead and checks every step against
+    the definition: every `period` steps and after the last one, slow = share * slow + (1 -
+    share) * fast with share = decay * (step / total_steps) ** ramp, and training goes on from
+    slow. So the run ends on slow weights that hold every step, also those after the last full
+    period (the slow weights of a run shorter than the period are not its initial ones)."""
     from utils.optim.lookahead import Lookahead
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    lookahead = Lookahead(model, period=2, decay=0.6, ramp=2.0)
+    lookahead = Lookahead(model, period=period, decay=decay, ramp=ramp)
     slow = {key: value.clone() for key, value in model.state_dict().items()}
-    for step in range(1, 8):
+    for step in range(1, total_steps + 1):
         model(torch.randn(8, 3)).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
         fast = {key: value.clone() for key, value in model.state_dict().items()}
-        lookahead.step(model, step, total_steps=7)
-        if step % 2 == 0:
-            share = 0.6 * (step / 7) ** 2
+        lookahead.step(model, step, total_steps=total_steps)
+        synchronised = step % period == 0 or step == total_steps
+        if synchronised:
+            share = decay * (step / total_steps) ** ramp
             for key, value in fast.items():
                 if value.is_floating_point():  # weights and BatchNorm statistics
                     slow[key] = share * slow[key] + (1 - share) * value
-        expected = slow if step % 2 == 0 or step == 7 else fast
+        expected = slow if synchronised else fast
         for key, value in model.state_dict().items():
             if value.is_floating_point():
                 assert torch.allclose(value, expected[key], atol=1e-6), (step, key)
             else:  # the counter of batches BatchNorm saw is the model's own
                 assert value == step, key
+    # The trainer calls finish() again at the last epoch's end: nothing changes then.
+    lookahead.finish(model)
+    for key, value in model.state_dict().items():
+        if value.is_floating_point():
+            assert torch.allclose(value, slow[key], atol=1e-6), key
     assert lookahead.state_dict().keys() == {k for k, v in slow.items() if v.is_floating_point()}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    period=st.integers(1, 6),
+    decay=st.floats(0.0, 0.95),
+    ramp=st.sampled_from([0.0, 1.0, 3.0]),
+    total_steps=st.integers(1, 13),
+)
+def test_lookahead_equals_its_definition(
+    period: int, decay: float, ramp: float, total_steps: int
+) -> None:
+    run_lookahead(period, decay, ramp, total_steps)
+
+
+def test_a_run_shorter_than_the_lookahead_period_does_not_end_on_its_initial_weights() -> None:
+    """config.json's Lookahead (period 5) over a 3-step run, as benchmarks/cifar_recipe.py's
+    short runs had: it ended on the initial weights, and reported their accuracy."""
+    run_lookahead(period=5, decay=0.7738, ramp=3.0, total_steps=3)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,10 @@ part of the way to the trained ("fast") ones, and training goes on from the slow
     slow  = share * slow + (1 - share) * fast;  fast = slow
 
 ramp 0 is the paper's constant step; a ramp > 0 averages little early in the run and more at its
-end (the CIFAR-10 speed records' cubic ramp). The run's last step ends on the slow weights.
+end (the CIFAR-10 speed records' cubic ramp). The run's last step is a synchronisation too, as
+timm's sync_lookahead() is: the run ends on the slow weights, and the steps since the previous
+synchronisation count in them (dropping them would end a run shorter than the period on its
+initial weights).
 BatchNorm's statistics are averaged with the weights. Python floats only: no host-device sync."""
 
 import logging
@@ -22,8 +25,8 @@ def floating_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def new_lookahead(model: nn.Module, options: dict, steps_per_epoch: int = 0) -> "Lookahead | None":
     """trainer.lookahead_period's Lookahead of `model`'s weights, or None when it is off. Warns
-    when the period is longer than the run (epochs x steps_per_epoch): with no synchronisation
-    the slow weights stay the initial ones, and the run ends on them."""
+    when the period is longer than the run (epochs x steps_per_epoch): the slow weights then move
+    once, at the end, and the run ends mostly on its initial weights."""
     if options["lookahead_period"] is None:
         return None
     period, decay, ramp = (options[f"lookahead_{k}"] for k in ("period", "decay", "ramp"))
@@ -31,9 +34,9 @@ def new_lookahead(model: nn.Module, options: dict, steps_per_epoch: int = 0) -> 
     if period > num_steps > 0:
         logging.getLogger("train").warning(
             "trainer.lookahead_period: %d optimizer steps, the run has %d: the slow weights "
-            "never move and the run ends on its initial weights; lower lookahead_period or "
-            "train longer.",
-            period, num_steps,
+            "move once, at its end, keeping %g of its initial weights; lower lookahead_period "
+            "or train longer.",
+            period, num_steps, decay,
         )  # fmt: skip
     return Lookahead(model, period, decay, ramp)
 
@@ -49,12 +52,15 @@ class Lookahead:
     @torch.no_grad()
     def step(self, model: nn.Module, step: int, total_steps: int) -> None:
         """After optimizer step `step` of the run's `total_steps`: a synchronisation every
-        period; after the last step the model takes the slow weights."""
-        if step % self.period:
-            if step == total_steps:
-                self.finish(model)
-            return
-        share = self.decay * min(step / total_steps, 1.0) ** self.ramp
+        period, and one after the last step."""
+        if step % self.period == 0:
+            self.synchronise(model, self.decay * min(step / total_steps, 1.0) ** self.ramp)
+        elif step == total_steps:
+            self.finish(model)
+
+    @torch.no_grad()
+    def synchronise(self, model: nn.Module, share: float) -> None:
+        """slow = share * slow + (1 - share) * fast, and the model goes on from slow."""
         for name, fast in floating_state(model).items():
             slow = self.slow[name]
             slow.lerp_(fast, 1.0 - share)
@@ -62,9 +68,9 @@ class Lookahead:
 
     @torch.no_grad()
     def finish(self, model: nn.Module) -> None:
-        """The model takes the slow weights: the end of the run."""
-        for name, fast in floating_state(model).items():
-            fast.copy_(self.slow[name])
+        """The end of the run: a last synchronisation with the ramp's final share. Right after
+        one the model already is the slow weights, and this changes nothing (lerp of equals)."""
+        self.synchronise(model, self.decay)
 
     @torch.no_grad()
     def restart(self, model: nn.Module) -> None:
