@@ -165,3 +165,67 @@ def test_full_trains_on_every_image_and_scores_the_test_folder_with_and_without_
     assert all(command[command.index("--split") + 1] == "test" for command in tests)
     row = table_row(output, "config.json")
     assert row[3:5] == [f"{results['test.json']:.4f}", f"{results['no_tta.json']:.4f}"]
+
+
+def test_the_reference_loop_applies_lookahead_as_train_py_does(monkeypatch, tmp_path):
+    """benchmarks/baselines/cifar_reference.py is train.py's accuracy baseline: its Lookahead
+    must be the recipe's (every 5 steps, and at the run's last step), training going on from
+    the trained weights at an epoch's end. It loaded the slow weights at every epoch's end, so
+    with 2 steps an epoch its epoch 1 ended on the initial weights, and each later epoch
+    started over from the slow ones."""
+    from benchmarks.baselines import cifar_reference
+    from model.fast_cifar import FastCifarCNN
+    from utils.optim.lookahead import Lookahead
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (5000 + 2048, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    labels = torch.randint(0, 10, (len(images),), generator=generator)
+    monkeypatch.setattr(cifar_reference, "load_images", lambda folder: (images, labels))
+    monkeypatch.setattr(cifar_reference, "unpack", lambda archive, folder: folder)
+    # The weights each training step starts from, each optimizer step's result (before
+    # Lookahead) and each epoch's evaluated weights.
+    starts, ends, evaluated = [], [], []
+    made = []
+
+    def small_model() -> FastCifarCNN:
+        made.append(FastCifarCNN(widths=[4, 8, 8], whiten_samples=20))
+        made[0].register_forward_pre_hook(lambda model, _: starts.append(copy_state(model)))
+        return made[-1]
+
+    monkeypatch.setattr(cifar_reference, "FastCifarCNN", small_model)
+    monkeypatch.setattr(
+        cifar_reference,
+        "evaluate",
+        lambda model, *_: evaluated.append(copy_state(model)) or {"plain": 0.0},
+    )
+    sgd_step = torch.optim.SGD.step
+
+    def step(self, *args, **kwargs):
+        result = sgd_step(self, *args, **kwargs)
+        ends.append(copy_state(made[0]))
+        return result
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    assert cifar_reference.main(["--epochs", "3", "--data", str(tmp_path)]) == 0
+    assert len(starts) == len(ends) == 6 and len(evaluated) == 3  # 2048 // 1024 steps an epoch
+    # An epoch is evaluated on the weights the next one starts from.
+    assert_same_state(evaluated[0], starts[2])
+    assert_same_state(evaluated[1], starts[4])
+    # The template's Lookahead (tests/test_techniques.py checks it against its definition)
+    # replayed over the run's steps: it turns each step's result into the next one's start.
+    model = FastCifarCNN(widths=[4, 8, 8], whiten_samples=20)
+    model.load_state_dict(starts[0])
+    lookahead = Lookahead(model, period=5, decay=0.95**5, ramp=3)
+    for index, trained in enumerate(ends, start=1):
+        model.load_state_dict(trained)
+        lookahead.step(model, index, total_steps=6)
+        assert_same_state(copy_state(model), [*starts, evaluated[-1]][index])
+
+
+def copy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
+def assert_same_state(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    for key, value in expected.items():
+        assert torch.allclose(got[key].float(), value.float(), atol=1e-5), key

@@ -158,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             scheduler.step()
             step += 1
-            if args.lookahead and step % 5 == 0:
+            # Lookahead every 5 steps and after the last one, as train.py's (the run ends on
+            # the slow weights); an epoch's end is none of its business.
+            if args.lookahead and (step % 5 == 0 or step == total):
                 share = 0.95**5 * (step / total) ** 3
                 for key, value in model.state_dict().items():
                     if value.is_floating_point():
                         slow[key].lerp_(value, 1 - share)
                         value.copy_(slow[key])
-        if args.lookahead:
-            model.load_state_dict(slow)
         seconds = time.perf_counter() - tic
         accuracy = evaluate(model, val_images, val_labels)
         shown = ", ".join(f"{name} {100 * value:.2f} %" for name, value in accuracy.items())
