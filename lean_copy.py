@@ -35,6 +35,7 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("README.md", "measurements, `gpu_check.sh`\n", "measurements\n"),
     ("docs/performance.md", "on an H200 in `benchmarks/gpu_check.sh`:", "on an H200:"),
     ("docs/performance.md", "## On a GPU: `benchmarks/gpu_check.sh`", None),
+    ("docs/performance.md", "## Benchmark options", None),
     ("docs/performance.md", "### Where a whole run's time goes", None),
     ("docs/performance.md", "| what | result | goal | command |\n|---|---|---|---|", "| what | result | goal |\n|---|---|---|"),
     ("docs/performance.md", re.compile(r"(?m)^(\|.*\|) `python benchmarks/[^|]*\|$"), r"\1"),
@@ -90,8 +91,7 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("tests/conftest.py", '    "sweep": importlib.import_module("sweep"),\n', ""),
     ("tests/conftest.py", "(train, test, predict, export, sweep): its exit code and what it printed, with one\n    thread. sweep.py's trials are still processes of their own.", "(train, test, predict, export): its exit code and what it printed, with one\n    thread."),
     ("tests/conftest.py", " (sweep.py's trials)", ""),
-    ("tests/test_readme.py", "train.py, test.py, predict.py, export.py and sweep.py is", "train.py, test.py, predict.py and export.py is"),
-    ("tests/test_readme.py", ', "export.py", "sweep.py"])', ', "export.py"])'),
+    ("tests/test_readme.py", '"export.py", "sweep.py", "tune.py"]', '"export.py", "tune.py"]'),
     ("tests/test_layers.py", ', "data_loader", "sweeps", "build")', ', "data_loader", "build")'),
 ]  # fmt: skip
 
