@@ -1,12 +1,17 @@
 """What README.md and docs/*.md promise about outputs and commands is what the code does: every
 key a checkpoint holds is in docs/outputs.md's table and every key the table names is in a
-checkpoint."""
+checkpoint; every
+train.py or test.py command with a config that the docs show is accepted as written."""
 
 import json
 import re
+import shlex
 
 import torch
-from conftest import ROOT, run_main
+from conftest import ENTRY_POINTS, ROOT, run_main
+
+from parse_config import ConfigParser
+from utils.util import ConfigError
 
 OUTPUTS = ROOT / "docs" / "outputs.md"
 # A row of a Markdown table whose first cell names keys: | `optimizer`, `lr_scheduler` | ... |
@@ -35,3 +40,37 @@ def test_test_json_holds_the_keys_outputs_md_lists(demo_checkpoint, tmp_path):
     listed = re.search(r"`test.py --json PATH` writes[^{]*\{([^}]*)\}", OUTPUTS.read_text())
     assert listed is not None, "no list of test.py --json's keys in docs/outputs.md"
     assert set(re.findall(r'"(\w+)"', listed.group(1))) == set(json.loads(report.read_text()))
+
+
+# `python train.py <arguments>` (or test.py) in README.md or docs/*.md, up to a comment or pipe.
+TRAIN_OR_TEST = re.compile(r"python (train|test)\.py ([^`#|&;\n]*)")
+
+
+def documented_runs() -> list[tuple[str, str, list[str]]]:
+    """(page, script, arguments) of each train.py or test.py command that names a config."""
+    runs = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        # A command continued over lines (a trailing backslash) is one command.
+        text = re.sub(r"\\\n\s*", " ", page.read_text(encoding="utf-8"))
+        for script, arguments in TRAIN_OR_TEST.findall(text):
+            argv = shlex.split(arguments)
+            # -r needs a run of the reader's; the last word of a line of prose is no command.
+            if ("-c" in argv or "--config" in argv) and "-r" not in argv and argv[-1] != "--set":
+                runs.append((page.name, script, argv))
+    return runs
+
+
+def test_each_documented_config_and_override_is_accepted():
+    """What train.py/test.py read before they build anything: a renamed key or a config that is
+    not there fails here, not in the reader's terminal."""
+    runs = documented_runs()
+    assert len(runs) > 20  # the pattern finds the commands
+    refused = []
+    for page, script, argv in runs:
+        if argv[argv.index("-c") + 1] == "vectors.json":  # written by the reader from the page
+            continue
+        try:
+            ConfigParser.from_args(ENTRY_POINTS[script].parse_args(argv))
+        except (ConfigError, SystemExit) as error:
+            refused.append(f"{page}: {script} {' '.join(argv)}: {error}")
+    assert not refused, "\n".join(refused)
