@@ -74,3 +74,27 @@ def test_each_documented_config_and_override_is_accepted():
         except (ConfigError, SystemExit) as error:
             refused.append(f"{page}: {script} {' '.join(argv)}: {error}")
     assert not refused, "\n".join(refused)
+
+
+def listed_names() -> list[re.Pattern]:
+    """The file names of docs/outputs.md's trees (`checkpoint-epoch<N>.pth`, `events.out.*`) as
+    patterns: <X> and * stand for any text."""
+    trees = re.findall(r"^```\nsaved/\n(.*?)^```", OUTPUTS.read_text(encoding="utf-8"), re.M | re.S)
+    assert trees, "no saved/ tree in docs/outputs.md"
+    patterns = []
+    for line in "".join(trees).splitlines():
+        # "    name, other   what it is": the names before the two spaces of the description.
+        for name in re.split(r",\s*", re.split(r"\s{2,}", line.strip())[0]):
+            if name and not name.endswith("/"):
+                escaped = re.escape(name).replace(r"\*", ".*")
+                patterns.append(re.compile(re.sub(r"<[^>]*>", ".+", escaped) + "$"))
+    return patterns
+
+
+def test_every_file_of_a_run_is_listed_in_outputs_md(demo_checkpoint):
+    save_dir = demo_checkpoint.parents[3]
+    written = [path for path in save_dir.rglob("*") if path.is_file()]
+    assert {"config.json", "latest", "info.log"} <= {path.name for path in written}
+    patterns = listed_names()
+    unlisted = [path for path in written if not any(p.match(path.name) for p in patterns)]
+    assert not unlisted, f"written, not in docs/outputs.md: {unlisted}"
