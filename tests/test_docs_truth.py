@@ -3,6 +3,7 @@ key a checkpoint holds is in docs/outputs.md's table and every key the table nam
 checkpoint; every
 train.py or test.py command with a config that the docs show is accepted as written."""
 
+import importlib.util
 import json
 import re
 import shlex
@@ -11,6 +12,7 @@ import torch
 from conftest import ENTRY_POINTS, ROOT, run_main
 
 from parse_config import ConfigParser
+from utils import UserError
 from utils.util import ConfigError
 
 OUTPUTS = ROOT / "docs" / "outputs.md"
@@ -98,3 +100,25 @@ def test_every_file_of_a_run_is_listed_in_outputs_md(demo_checkpoint):
     patterns = listed_names()
     unlisted = [path for path in written if not any(p.match(path.name) for p in patterns)]
     assert not unlisted, f"written, not in docs/outputs.md: {unlisted}"
+
+
+def test_each_documented_sweep_is_planned_as_written():
+    """sweep.py's commands in the docs: their space and every trial's config are accepted (the
+    checks sweep.py runs before any trial, without running one)."""
+    from sweeps.plan import plan
+
+    commands = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"\\\n\s*", " ", page.read_text(encoding="utf-8"))
+        for arguments in re.findall(r"python sweep\.py (-c [^`#|&;\n]*)", text):
+            commands.append((page.name, shlex.split(arguments)))
+    assert len(commands) >= 5  # the pattern finds the commands
+    refused = []
+    for page, argv in commands:
+        if "--optuna" in argv and importlib.util.find_spec("optuna") is None:
+            continue  # an optional dependency: pip install optuna
+        try:
+            plan(ENTRY_POINTS["sweep"].parse_args(argv))
+        except (UserError, SystemExit) as error:
+            refused.append(f"{page}: sweep.py {' '.join(argv)}: {error}")
+    assert not refused, "\n".join(refused)
