@@ -195,10 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             raise CopyError("new_project.py needs copier: pip install copier")
         if args.update:
             return update(root, target)
+        if target.is_relative_to(root):  # the template itself too, or a link to it
+            raise CopyError(f"{target}: must be outside the template ({root})")
+        if target.exists() and not target.is_dir():
+            raise CopyError(f"{target}: is a file, not a folder")
         if target.exists() and any(target.iterdir()):
             raise CopyError(f"{target}: already exists and is not empty")
-        if target.is_relative_to(root):
-            raise CopyError(f"{target}: must be outside the template ({root})")
         name = args.name or target.name
         if not PROJECT_NAME.fullmatch(name):
             raise CopyError(f"{name!r}: not a project name (letters, digits, '.', '_', '-'); "

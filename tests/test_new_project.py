@@ -382,3 +382,48 @@ def test_a_lean_copy_has_no_optional_part_and_passes_its_lint_layering_and_tests
     assert "Reproducible (v2)" in (copy / "README.md").read_text()
     assert not (copy / "sweep.py").exists()
     assert not mentions(copy, git("ls-files", cwd=copy).split(), {})
+
+
+# --- refusals in-process: what a target or a name may be, before copier runs ------------------
+
+
+def refused(monkeypatch, capsys, *argv: str) -> str:
+    """main(argv) must refuse in one line with exit 2 before copying: the one line."""
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("copied although it should have refused")
+
+    monkeypatch.setattr(new_project, "copy_template", no_copy)
+    assert new_project.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "kind", ["file", "link to a file", "non-empty", "the template", "link to the template",
+             "inside the template", "link inside the template"],
+)  # fmt: skip
+def test_a_target_that_is_not_a_new_folder_outside_the_template_is_refused_unchanged(
+    kind: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A file as the target was a NotADirectoryError traceback; every kind is one line, and the
+    target (and the template) stay as they were."""
+    mine = tmp_path / "mine.txt"
+    mine.write_text("keep")
+    busy = tmp_path / "busy"
+    touch(busy / "notes.txt", "keep")
+    for name, to in (("file", mine), ("template", ROOT), ("tests", ROOT / "tests")):
+        (tmp_path / f"link-to-{name}").symlink_to(to)
+    target = {
+        "file": mine,
+        "link to a file": tmp_path / "link-to-file",
+        "non-empty": busy,
+        "the template": ROOT,
+        "link to the template": tmp_path / "link-to-template",
+        "inside the template": ROOT / "tests" / "a-new-project",
+        "link inside the template": tmp_path / "link-to-tests" / "a-new-project",
+    }[kind]
+    refused(monkeypatch, capsys, str(target))
+    assert mine.read_text() == "keep" and (busy / "notes.txt").read_text() == "keep"
+    assert not (ROOT / "tests" / "a-new-project").exists()
