@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CopyError(f"{target}: is a file, not a folder")
         if target.exists() and any(target.iterdir()):
             raise CopyError(f"{target}: already exists and is not empty")
-        name = args.name or target.name
+        name = target.name if args.name is None else args.name  # --name '' is refused
         if not PROJECT_NAME.fullmatch(name):
             raise CopyError(f"{name!r}: not a project name (letters, digits, '.', '_', '-'); "
                             "pass --name")  # fmt: skip

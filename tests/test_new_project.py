@@ -5,6 +5,8 @@ copy it, and 11 GB filled CI's disk), records the template's commit, and is a gi
 true conflict as conflict markers with a one-line summary."""
 
 import ast
+import contextlib
+import io
 import json
 import os
 import re
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 if not (ROOT / "new_project.py").is_file():
     pytest.skip("a copy made by new_project.py, which leaves itself out", allow_module_level=True)
@@ -427,3 +431,27 @@ def test_a_target_that_is_not_a_new_folder_outside_the_template_is_refused_uncha
     refused(monkeypatch, capsys, str(target))
     assert mine.read_text() == "keep" and (busy / "notes.txt").read_text() == "keep"
     assert not (ROOT / "tests" / "a-new-project").exists()
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.one_of(st.text(max_size=12), st.sampled_from(["", "a/b", "../x", "-x", "my-proj"])))
+def test_a_name_is_copied_as_given_or_refused_in_one_line(name: str) -> None:
+    """--name NAME: a project name (the core metadata spec's, ASCII) is the copy's name exactly;
+    anything else (an empty name too: it fell back to the folder's name) is refused in one line,
+    exit 2."""
+    spec = r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]"  # packaging.python.org, "name" field
+    valid = re.fullmatch(spec, name, re.IGNORECASE | re.ASCII) is not None
+    copied = []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(new_project, "template_commit", lambda root: None)
+        monkeypatch.setattr(new_project, "first_commit", lambda target, commit: None)
+        monkeypatch.setattr(
+            new_project, "copy_template", lambda root, target, name, lean: copied.append(name)
+        )
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = new_project.main(["/nonexistent/MyProject", f"--name={name}"])
+    if valid:
+        assert (code, copied) == (0, [name])
+    else:
+        assert code == 2 and not copied and err.getvalue().count("\n") == 1, err.getvalue()
