@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -138,6 +139,27 @@ def first_commit(target: Path, commit: str | None) -> None:
             raise CopyError(f"{target}: git {args[-1]} failed: {result.stderr.strip()}")
 
 
+def create(root: Path, target: Path, project_name: str, *, lean: bool) -> None:
+    """The copy, made in a hidden folder beside `target` and renamed to it once whole: a failure
+    or an interrupt midway leaves no half copy (files, no commit) that a rerun or --update would
+    take for a project. `target` is new or an empty folder (main)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(
+        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    )
+    try:
+        commit = template_commit(root)
+        copy_template(root, staging, project_name, lean=lean)
+        first_commit(staging, commit)
+        staging.replace(target)  # one rename; POSIX replaces an empty folder
+    except OSError as error:  # a full disk, a permission: one line, nothing left
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CopyError(f"{target}: the copy failed, nothing was kept: {error}") from None
+    except BaseException:  # CopyError, Ctrl-C, a bug: also nothing left, and raised as it is
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def update(root: Path, target: Path) -> int:
     """Merge the template's commits since the copy's into it; 1 when conflicts are left."""
     import copier
@@ -207,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                             "pass --name")  # fmt: skip
         if importlib.util.find_spec("copier") is None:
             raise CopyError("new_project.py needs copier: pip install copier")
-        commit = template_commit(root)
-        copy_template(root, target, name, lean=args.lean)
-        first_commit(target, commit)
+        create(root, target, name, lean=args.lean)
     except CopyError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -397,7 +397,7 @@ def refused(monkeypatch, capsys, *argv: str) -> str:
     def no_copy(*args, **kwargs):
         raise AssertionError("copied although it should have refused")
 
-    monkeypatch.setattr(new_project, "copy_template", no_copy)
+    monkeypatch.setattr(new_project, "create", no_copy)
     assert new_project.main(list(argv)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1, err
@@ -443,10 +443,8 @@ def test_a_name_is_copied_as_given_or_refused_in_one_line(name: str) -> None:
     valid = re.fullmatch(spec, name, re.IGNORECASE | re.ASCII) is not None
     copied = []
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(new_project, "template_commit", lambda root: None)
-        monkeypatch.setattr(new_project, "first_commit", lambda target, commit: None)
         monkeypatch.setattr(
-            new_project, "copy_template", lambda root, target, name, lean: copied.append(name)
+            new_project, "create", lambda root, target, name, lean: copied.append(name)
         )
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -455,3 +453,36 @@ def test_a_name_is_copied_as_given_or_refused_in_one_line(name: str) -> None:
         assert (code, copied) == (0, [name])
     else:
         assert code == 2 and not copied and err.getvalue().count("\n") == 1, err.getvalue()
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_copy_that_fails_midway_leaves_no_half_project(
+    failure: BaseException, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """copier stopped after writing files (a full disk, Ctrl-C): the target must not hold a half
+    copy with no git commit that looks like a project; a rerun then makes the whole copy."""
+    import copier
+
+    root = fake_template(tmp_path / "template")
+    touch(root / "train.py", "print('train')\n")
+    monkeypatch.setattr(new_project, "__file__", str(root / "new_project.py"))  # main's template
+    target = tmp_path / "projects" / "MyProject"
+    run_copy = copier.run_copy
+
+    def fails_midway(*args, **kwargs) -> None:
+        run_copy(*args, **kwargs)  # the files are written, then it stops
+        raise failure
+
+    monkeypatch.setattr(copier, "run_copy", fails_midway)
+    if isinstance(failure, OSError):
+        assert new_project.main([str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "No space left on device" in err, err
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            new_project.main([str(target)])
+    assert not target.exists() and list(target.parent.iterdir()) == []
+
+    monkeypatch.setattr(copier, "run_copy", run_copy)
+    assert new_project.main([str(target)]) == 0
+    assert (target / "train.py").is_file() and git("status", "--porcelain", cwd=target) == ""
