@@ -105,7 +105,6 @@ def template(tmp_path: Path) -> Path:
     return template
 
 
-@pytest.mark.slow  # CI's main job (copier is among its extras)
 def answered(copy: Path) -> dict:
     """The copy's .copier-answers.yml, parsed: a short hash of digits alone is written quoted
     ('3386203'), which a text search for `_commit: 3386203` missed (1 run in about 27)."""
@@ -114,6 +113,7 @@ def answered(copy: Path) -> dict:
     return yaml.safe_load((copy / ".copier-answers.yml").read_text())
 
 
+@pytest.mark.slow  # about 1 min: a copy, an update, some of the copy's tests
 def test_an_update_merges_the_templates_commits_and_keeps_the_users_edits(
     template: Path, tmp_path: Path
 ) -> None:
