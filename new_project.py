@@ -118,12 +118,16 @@ def copy_template(
         (target / name).write_text(text, encoding="utf-8")
     (target / "saved").mkdir(exist_ok=True)
     (target / "saved" / ".gitkeep").touch()
-    pyproject = target / "pyproject.toml"
-    if pyproject.is_file():  # the copy is its own project
-        text = re.sub(
-            r'(?m)^name = ".*"$', f'name = "{project_name}"', pyproject.read_text(), count=1
-        )
-        pyproject.write_text(text)
+    # The copy is its own project: its name in the package metadata and the README's title
+    # (the first line, "# PyTorch Template"), nowhere else.
+    for name, pattern, replacement in (
+        ("pyproject.toml", r'(?m)^name = ".*"$', f'name = "{project_name}"'),
+        ("README.md", r"\A# .*$", f"# {project_name}"),
+    ):
+        if (target / name).is_file():
+            text = (target / name).read_text(encoding="utf-8")
+            text = re.sub(pattern, replacement, text, count=1, flags=re.MULTILINE)
+            (target / name).write_text(text, encoding="utf-8")
 
 
 def first_commit(target: Path, commit: str | None) -> None:

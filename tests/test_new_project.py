@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -486,3 +487,28 @@ def test_a_copy_that_fails_midway_leaves_no_half_project(
     monkeypatch.setattr(copier, "run_copy", run_copy)
     assert new_project.main([str(target)]) == 0
     assert (target / "train.py").is_file() and git("status", "--porcelain", cwd=target) == ""
+
+
+@settings(max_examples=10, deadline=None)
+@given(name=st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,10}[A-Za-z0-9])?", fullmatch=True))
+def test_the_projects_name_is_its_title_and_package_name_and_nothing_else_changes(
+    name: str,
+) -> None:
+    """The copy is named in pyproject.toml's [project] name and in its README's title (which
+    said "PyTorch Template" in every copy); every other byte is the template's, the word
+    "pytorch-template" in a link or a code string included."""
+    with tempfile.TemporaryDirectory() as folder:
+        root, target = fake_template(Path(folder) / "template"), Path(folder) / "copy"
+        readme = "# PyTorch Template\n\nIn the layout of victoresque/pytorch-template.\n\n# Usage\n"
+        pyproject = (
+            '[project]\nname = "pytorch-template"\n\n[[tool.x]]\nname = "pytorch-template"\n'
+        )
+        code = 'NAME = "pytorch-template"  # name = "pytorch-template"\n'
+        for file, text in (("README.md", readme), ("pyproject.toml", pyproject), ("a.py", code)):
+            touch(root / file, text)
+        new_project.copy_template(root, target, name)
+        assert (target / "README.md").read_text() == readme.replace("PyTorch Template", name)
+        assert (target / "pyproject.toml").read_text() == pyproject.replace(
+            "pytorch-template", name, 1
+        )
+        assert (target / "a.py").read_text() == code
