@@ -69,6 +69,21 @@ def template_commit(root: Path) -> str | None:
     return head.stdout.strip()
 
 
+def record_commit(root: Path, target: Path, commit: str | None) -> None:
+    """From a template with uncommitted changes copier records the commit it makes in its own
+    clone, which the template never has: the next --update could not start ("Unknown
+    revision"). Record the template's HEAD instead; the uncommitted changes that were taken
+    then count as the copy's own edits."""
+    answers = target / ANSWERS
+    recorded = re.search(r"(?m)^_commit: '?([^'\n]*)'?$", answers.read_text(encoding="utf-8"))
+    if commit is None or recorded is None:
+        return  # not from a git repository: no update starts from a commit
+    known = git("rev-parse", "--verify", "--quiet", f"{recorded[1]}^{{commit}}", cwd=root)
+    if known.returncode != 0:  # quoted: YAML must read it as text, whatever its digits
+        text = answers.read_text(encoding="utf-8").replace(recorded[0], f"_commit: '{commit}'")
+        answers.write_text(text, encoding="utf-8")
+
+
 def lean_texts(root: Path, folder: Path, files: Iterable[str] = ()) -> dict[str, str]:
     """{file: new text} for each file of `folder` (the template `root`, or a lean copy of it)
     that a lean copy changes (lean_copy.py): those lean_copy.EDITS names, and among `files` its
@@ -154,6 +169,7 @@ def create(root: Path, target: Path, project_name: str, *, lean: bool) -> None:
     try:
         commit = template_commit(root)
         copy_template(root, staging, project_name, lean=lean)
+        record_commit(root, staging, commit)
         first_commit(staging, commit)
         staging.replace(target)  # one rename; POSIX replaces an empty folder
     except OSError as error:  # a full disk, a permission: one line, nothing left
@@ -182,7 +198,7 @@ def update(root: Path, target: Path) -> int:
                         f"new_project.py, or set _src_path in {ANSWERS} and commit")  # fmt: skip
     if git("status", "--porcelain", cwd=target).stdout.strip():
         raise CopyError(f"{target}: uncommitted changes; commit them first (an update merges)")
-    template_commit(root)
+    commit = template_commit(root)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", copier.errors.DirtyLocalWarning)
@@ -190,6 +206,7 @@ def update(root: Path, target: Path) -> int:
                               conflict="inline", quiet=True, vcs_ref="HEAD")  # fmt: skip
     except Exception as error:  # copier's errors: a one-line refusal
         raise CopyError(f"{target}: copier update failed: {error}") from None
+    record_commit(root, target, commit)
     changed = [line[3:] for line in git("status", "--porcelain", cwd=target).stdout.splitlines()]
     conflicts = [
         name for name in changed

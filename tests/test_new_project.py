@@ -512,3 +512,29 @@ def test_the_projects_name_is_its_title_and_package_name_and_nothing_else_change
             "pytorch-template", name, 1
         )
         assert (target / "a.py").read_text() == code
+
+
+def test_a_copy_of_a_template_with_uncommitted_changes_still_updates(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """copier records a dirty template's commit as the one it makes in its own clone, which the
+    template never has: every later --update failed ("Unknown revision"). The copy records the
+    template's HEAD instead, so the uncommitted changes it took count as the copy's own edits."""
+    root = fake_template(tmp_path / "template")
+    touch(root / "f.txt", "a\nb\nc\n")
+    git("init", "-q", cwd=root)
+    git("add", "-A", cwd=root)
+    git("commit", "-q", "-m", "v1", cwd=root)
+    touch(root / "f.txt", "a\nb\nc\nuncommitted\n")
+    monkeypatch.setattr(new_project, "__file__", str(root / "new_project.py"))  # main's template
+    copy = tmp_path / "MyProject"
+    assert new_project.main([str(copy)]) == 0
+    assert "uncommitted changes" in capsys.readouterr().err
+    assert (copy / "f.txt").read_text() == "a\nb\nc\nuncommitted\n"
+
+    touch(root / "f.txt", "A\nb\nc\n")  # the template's next commit, without that change
+    git("commit", "-q", "-am", "v2", cwd=root)
+    assert new_project.main(["--update", str(copy)]) == 0, capsys.readouterr().err
+    assert (copy / "f.txt").read_text() == "A\nb\nc\nuncommitted\n"
+    recorded = git("rev-parse", str(answered(copy)["_commit"]), cwd=root)
+    assert recorded == git("rev-parse", "HEAD", cwd=root)  # the next update starts from v2
