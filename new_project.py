@@ -207,7 +207,14 @@ def update(root: Path, target: Path) -> int:
     except Exception as error:  # copier's errors: a one-line refusal
         raise CopyError(f"{target}: copier update failed: {error}") from None
     record_commit(root, target, commit)
-    changed = [line[3:] for line in git("status", "--porcelain", cwd=target).stdout.splitlines()]
+    # -z: names as they are (plain --porcelain quotes one with a space or a non-ASCII letter, and
+    # a conflict in it went unseen); a rename's entry is followed by its old name.
+    fields = git("status", "--porcelain", "-z", "--untracked-files=all", cwd=target).stdout
+    changed, entries = [], iter(fields.split("\0"))
+    for entry in filter(None, entries):
+        changed.append(entry[3:])
+        if entry[0] in "RC":
+            next(entries)  # the old name
     conflicts = [
         name for name in changed
         if (target / name).is_file() and CONFLICT.search((target / name).read_text(errors="replace"))

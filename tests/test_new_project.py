@@ -538,3 +538,29 @@ def test_a_copy_of_a_template_with_uncommitted_changes_still_updates(
     assert (copy / "f.txt").read_text() == "A\nb\nc\nuncommitted\n"
     recorded = git("rev-parse", str(answered(copy)["_commit"]), cwd=root)
     assert recorded == git("rev-parse", "HEAD", cwd=root)  # the next update starts from v2
+
+
+def test_an_update_names_a_conflict_in_a_file_whose_name_git_quotes(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """git status --porcelain writes a name with a space or a non-ASCII letter in quotes, so the
+    conflict in it went unseen: "no conflicts", exit 0, with <<<<<<< markers in the file."""
+    root = fake_template(tmp_path / "template")
+    names = ["docs/my notes.md", "données.txt"]
+    for name in names:
+        touch(root / name, "one\ntwo\n")
+    git("init", "-q", cwd=root)
+    git("add", "-A", cwd=root)
+    git("commit", "-q", "-m", "v1", cwd=root)
+    monkeypatch.setattr(new_project, "__file__", str(root / "new_project.py"))  # main's template
+    copy = tmp_path / "MyProject"
+    assert new_project.main([str(copy)]) == 0
+    for name in names:  # the same line changed on both sides
+        touch(copy / name, "one, the user's\ntwo\n")
+        touch(root / name, "one, the template's\ntwo\n")
+    git("commit", "-q", "-am", "mine", cwd=copy)
+    git("commit", "-q", "-am", "v2", cwd=root)
+    capsys.readouterr()
+    assert new_project.main(["--update", str(copy)]) == 1
+    line = capsys.readouterr().err.strip()
+    assert "2 with conflicts to resolve" in line and all(name in line for name in names), line
