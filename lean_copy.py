@@ -52,6 +52,9 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     (".ci/run", "# The shell scripts, benchmarks/gpu_check.sh first: it runs once per GPU loan, unattended.\nshellcheck .ci/run benchmarks/*.sh\n", "shellcheck .ci/run\n"),
     ("tests/test_gpu_resume.py", " (benchmarks/gpu_check.sh's step \"resume\"; skipped without CUDA)", " (skipped without CUDA)"),
     ("tests/test_gpu_paths.py", " (benchmarks/gpu_check.sh runs them; skipped without\nCUDA)", " (skipped without CUDA)"),
+    ("docs/performance.md", "; `throughput.py`\ntimes the model's steps alone, without the trainer.", "."),
+    ("tests/test_newcomer.py", " torchrun and gpu_check.sh are real processes.", " torchrun is a real process."),
+    ("tests/test_image_folder_pipelines.py", "# --- on a GPU (gpu_check.sh runs it) ---", "# --- on a GPU ---"),
     ("tests/test_cifar_recipe.py", "\n\n# --- benchmarks/reencode_jpeg.py: the cost of a JPEG pass (docs/recipes.md) ---------------------\n", ""),
     # examples (the worked examples of other tasks, issue 32)
     ("README.md", "distillation, tabular regression, sequences, segmentation and detection are worked examples", "distillation and tabular regression are worked examples"),

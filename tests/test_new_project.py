@@ -251,13 +251,23 @@ def mentions(folder: Path, files: list[str], texts: dict[str, str]) -> list[str]
     it names them to check them, and skips itself in any copy (no new_project.py)."""
     import lean_copy
 
-    _, named = lean_rules()
+    patterns, named = lean_rules()
+    # A left-out file named alone ("gpu_check.sh", "throughput.py"), which lean_copy.mention's
+    # paths miss, unless a kept file has the same name.
+    template = [n for n in git("ls-files", cwd=ROOT).split() if (ROOT / n).is_file()]
+    kept = {Path(n).name for n in template if not lean_copy.is_left_out(n, patterns)}
+    alone = {Path(n).name for n in template if lean_copy.is_left_out(n, patterns)} - kept
+    by_name = re.compile(rf"(?<![\w./-])(?:{'|'.join(map(re.escape, sorted(alone)))})(?![\w-])")
     found = []
     for name in files:
         if name == lean_copy.SELF_TEST or name.endswith(".png"):
             continue
         text = texts.get(name) or (folder / name).read_text(encoding="utf-8")
-        found += [f"{name}:{i}: {line}" for i, line in enumerate(text.splitlines()) if named.search(line)]  # fmt: skip
+        found += [
+            f"{name}:{i}: {line}"
+            for i, line in enumerate(text.splitlines())
+            if named.search(line) or by_name.search(line)
+        ]
     return found
 
 
