@@ -112,6 +112,32 @@ def lean_texts(root: Path, folder: Path, files: Iterable[str] = ()) -> dict[str,
     return changed
 
 
+# A copy's README section in place of new_project.py's (not in a copy): copier updates it.
+UPDATING = """### Updating from the template
+
+```bash
+pip install copier                            # (requirements-extras.txt)
+copier update --defaults --vcs-ref HEAD       # merge the template's newer commits into this copy
+```
+
+`.copier-answers.yml` records the template and commit this copy came from. Commit your work first:
+the update keeps your edits, a true conflict left as markers: [docs/new-project.md](docs/new-project.md#updating-a-copy).
+"""
+
+
+def readme_in_a_copy(text: str) -> str:
+    """The template's README as a copy has it: no command that runs new_project.py."""
+    import lean_copy
+
+    lines = text.splitlines(keepends=True)
+    try:
+        start, end = lean_copy.section(lines, "### new_project.py")
+    except ValueError as error:
+        raise CopyError(f"README.md: {error}; update new_project.readme_in_a_copy") from None
+    text = "".join([*lines[:start], UPDATING, "\n", *lines[end:]])
+    return text.replace(" new_project.py   the commands", "   the commands", 1)
+
+
 def copy_template(
     root: Path, target: Path, project_name: str = "my-project", *, lean: bool = False
 ) -> None:
@@ -143,6 +169,9 @@ def copy_template(
             text = (target / name).read_text(encoding="utf-8")
             text = re.sub(pattern, replacement, text, count=1, flags=re.MULTILINE)
             (target / name).write_text(text, encoding="utf-8")
+    readme = target / "README.md"
+    if readme.is_file() and "new_project.py" in readme.read_text(encoding="utf-8"):
+        readme.write_text(readme_in_a_copy(readme.read_text(encoding="utf-8")), encoding="utf-8")
 
 
 def first_commit(target: Path, commit: str | None) -> None:

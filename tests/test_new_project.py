@@ -574,3 +574,19 @@ def test_an_update_names_a_conflict_in_a_file_whose_name_git_quotes(
     assert new_project.main(["--update", str(copy)]) == 1
     line = capsys.readouterr().err.strip()
     assert "2 with conflicts to resolve" in line and all(name in line for name in names), line
+
+
+def test_every_script_a_copys_readme_runs_is_in_the_copy() -> None:
+    """A copy has no new_project.py, yet its README told it to run `python new_project.py`: in a
+    copy the section says how to update it from inside (copier update), and every script its
+    bash blocks run is a file of the copy."""
+    files = git("ls-files", cwd=ROOT).split()
+    in_copy = set(files) - {"copier.yml", "new_project.py", "lean_copy.py"}
+    readme = new_project.readme_in_a_copy((ROOT / "README.md").read_text(encoding="utf-8"))
+    blocks = "".join(re.findall(r"(?s)```bash\n(.*?)```", readme))
+    scripts = set(re.findall(r"(?:python|bash|torchrun .*?)\s+([\w/.-]+\.(?:py|sh))\b", blocks))
+    assert {"train.py", "test.py"} <= scripts  # the pattern finds them
+    assert not sorted(scripts - in_copy)
+    assert "python new_project.py" not in readme
+    assert "copier update --defaults --vcs-ref HEAD" in readme
+    assert len(readme.splitlines()) <= len((ROOT / "README.md").read_text().splitlines())
