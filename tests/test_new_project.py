@@ -227,7 +227,10 @@ def test_a_fresh_copy_passes_its_pre_commit_hooks(template: Path, tmp_path: Path
     hooks = subprocess.run(
         [str(pre_commit), "run", "--all-files"],
         cwd=copy, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache")},
+        # The hooks are local (language: system): ruff and lint-imports from this interpreter's
+        # environment, found on PATH, whether or not it is activated.
+        env={**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache"),
+             "PATH": f"{pre_commit.parent}{os.pathsep}{os.environ.get('PATH', '')}"},
     )  # fmt: skip
     assert hooks.returncode == 0, hooks.stdout[-3000:]
     assert git("status", "--porcelain", cwd=copy) == ""  # nothing to fix
