@@ -31,6 +31,7 @@ from base.evaluation import averaged_over_views
 from build import load_inference_model
 from data_loader.tabular import TabularDataLoader
 from model.model import CifarCNN, TabularMLP
+from utils.evaluation.tracing import value_reads
 
 ONNX_MISSING = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
 FORMATS = [
@@ -467,3 +468,77 @@ def test_a_run_with_test_time_augmentation_exports_the_average_test_py_scores(
     with torch.inference_mode():
         found = torch.export.load(out).module()(images)
     assert (found - expected).abs().max() <= export.TOLERANCE < (plain - expected).abs().max()
+
+
+class ReadsIn(torch.nn.Module):
+    """A tiny model whose forward is `read`: each reads the input's values in Python."""
+
+    def __init__(self, read: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.read = read
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.read(inputs)
+
+
+# BatchNorm's forward reads the size of the rows a mask kept: torch's code, not the model's.
+MASKED_NORM = torch.nn.BatchNorm1d(3).eval()
+READS = {  # each read on its own line: value_reads names it
+    "tolist": lambda x: x * x.sum().tolist(),
+    "tolist of a vector": lambda x: x * x[0].tolist()[1],
+    "item": lambda x: x * x.sum().item(),
+    "int": lambda x: x * int(x.sum()),
+    "float": lambda x: x * float(x.sum()),
+    "bool": lambda x: x * 2 if bool(x.sum() > 0) else x,
+    "if": lambda x: x * 2 if x.sum() > 0 else x,
+    "numpy": lambda x: x * float(x.sum().numpy()),
+    "numpy's asarray": lambda x: x * np.asarray(x).sum(),
+    "len of nonzero": lambda x: x * len(x.nonzero()),
+    "shape of a masked tensor": lambda x: x * x[x > 0].shape[0],
+    "size of nonzero": lambda x: x * x.nonzero().size(0),
+    "numel of unique": lambda x: x * torch.unique(x.round()).numel(),
+}
+NOT_READS = {  # shapes that are not the data's, and sizes only torch's own code reads
+    "a shape": lambda x: x * x.shape[0],
+    "an integer index": lambda x: x * len(x[torch.tensor([0, 1])]),
+    "a masked sum": lambda x: x + x[x > 0].sum(),
+    "a module on a masked tensor": lambda x: MASKED_NORM(x[(x > -100).all(dim=1)]).sum() + x,
+}
+
+
+@pytest.mark.parametrize("name", list(READS))
+def test_every_read_of_a_tensors_value_in_python_is_found(name):
+    """Before: .tolist(), .numpy(), numpy's asarray and a size the data decides (len of
+    nonzero) were not found, and TorchScript traced the example inputs' value into the file."""
+    read = READS[name]
+    line = f"{Path(__file__)}:{read.__code__.co_firstlineno}"
+    assert value_reads(ReadsIn(read).eval(), torch.randn(4, 3)) == [line]
+
+
+@pytest.mark.parametrize("name", list(NOT_READS))
+def test_shapes_that_are_not_the_datas_are_not_reads(name):
+    assert value_reads(ReadsIn(NOT_READS[name]).eval(), torch.randn(4, 3)) == []
+
+
+class TolistCNN(CifarCNN):
+    """The demo CNN scaled by a Python float of its input's mean: TorchScript kept the example
+    inputs' mean for every input."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return super().forward(images) * images.mean().tolist()
+
+
+def test_a_model_that_reads_tolist_is_refused_in_one_line(
+    demo_checkpoint, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(arch_module, "TolistCNN", TolistCNN, raising=False)
+    monkeypatch.setattr(arch_module, "__all__", [*arch_module.__all__, "TolistCNN"])
+    state = torch.load(demo_checkpoint, weights_only=True)
+    state["config"]["arch"]["type"] = "TolistCNN"
+    checkpoint = tmp_path / "tolist.pth"
+    torch.save(state, checkpoint)
+    out = tmp_path / "model.pt"
+    assert export.main(["-r", str(checkpoint), "--format", "torchscript", "--out", str(out)]) == 2
+    line = f"{Path(__file__)}:{TolistCNN.forward.__code__.co_firstlineno + 1}"
+    assert f"reads a tensor's value in Python at {line} " in capsys.readouterr().err
+    assert not out.exists()
