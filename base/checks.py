@@ -46,11 +46,16 @@ def one_sample_batch_check(trainer: "BaseTrainer") -> Iterator[None]:
     of each pass holds one sample on this rank (the padded share under torchrun, equal on every
     rank) when a BatchNorm the model trains sees one value per channel of a sample ((N, C), or
     (N, C, 1, 1) as in resnet18's last blocks at 32 px): torch cannot take a variance of one
-    value and raised mid-epoch, after a whole pass. (A batch_size of 1 fails at the first step.)"""
+    value and raised mid-epoch, after a whole pass. (A batch_size of 1 fails at the first step.)
+    An epoch of trainer.len_epoch batches fewer than a pass never reaches that batch: every
+    epoch starts a new pass (utils.data.batches.epoch_batches)."""
     loader = trainer.train_loader
     batch_size = loader.batch_size
     share = len(loader.sampler) if has_length(loader.sampler) else 0  # this rank's, per pass
     if loader.drop_last or not batch_size or batch_size == 1 or share % batch_size != 1:
+        yield
+        return
+    if trainer.len_epoch < -(-share // batch_size):  # the last batch of a pass is never trained
         yield
         return
     single: list[str] = []  # the trained BatchNorms that see one value per channel of a sample

@@ -792,14 +792,16 @@ def test_a_weights_name_this_torchvision_lacks_still_rebuilds_its_checkpoint():
 
 @pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
 def test_a_one_sample_batch_is_refused_exactly_when_batch_norm_cannot_train_on_it(num_examples):
-    """Over split sizes, batch sizes, numbers of processes (a rank's padded share), BatchNorms
-    over (N, C) and over (N, C, H, W) of 1 or more values per channel, trained or frozen
-    (evaluation mode): the check around the first batch's forward (in evaluation mode, as
-    check_first_batch runs it) refuses exactly the splits on which training a pass fails with
-    torch's "Expected more than 1 value per channel"."""
+    """Over split sizes, batch sizes, numbers of processes (a rank's padded share), drop_last,
+    trainer.len_epoch (an epoch shorter than a pass never reaches its last batch: it was refused
+    all the same), BatchNorms over (N, C) and over (N, C, H, W) of 1 or more values per channel,
+    trained or frozen (evaluation mode): the check around the first batch's forward (in
+    evaluation mode, as check_first_batch runs it) refuses exactly the runs whose epoch of
+    training fails with torch's "Expected more than 1 value per channel"."""
     from types import SimpleNamespace
 
     from base.checks import one_sample_batch_check
+    from utils.data.batches import epoch_batches
 
     @settings(max_examples=num_examples, deadline=None)
     @given(
@@ -808,10 +810,13 @@ def test_a_one_sample_batch_is_refused_exactly_when_batch_norm_cannot_train_on_i
         side=st.sampled_from([None, 1, 2]),  # None: BatchNorm1d over (N, C)
         frozen=st.booleans(),
         num_processes=st.integers(1, 3),
+        drop_last=st.booleans(),
+        len_epoch=st.one_of(st.none(), st.integers(1, 30)),
         data=st.data(),
     )
     def check(num_samples: int, batch_size: int, side: int | None, frozen: bool,
-              num_processes: int, data: st.DataObject) -> None:  # fmt: skip
+              num_processes: int, drop_last: bool, len_epoch: int | None,
+              data: st.DataObject) -> None:  # fmt: skip
         shape = (3,) if side is None else (3, side, side)
         norm = nn.BatchNorm1d(3) if side is None else nn.BatchNorm2d(3)
         model = nn.Sequential(nn.Identity(), norm)
@@ -821,16 +826,24 @@ def test_a_one_sample_batch_is_refused_exactly_when_batch_norm_cannot_train_on_i
         rank = data.draw(st.integers(0, num_processes - 1), label="rank")
         sampler = EpochSampler(range(num_samples), shuffle=False, seed=0, rank=rank,
                                num_replicas=num_processes, pad=num_processes > 1)  # fmt: skip
-        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
-        try:
-            for (inputs,) in loader:
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last
+        )
+        if len(loader) == 0:
+            return  # check_loaders refuses it first
+        len_epoch = len_epoch or len(loader)  # as BaseTrainer sets it
+        try:  # an epoch as the trainer runs it: passes restart until len_epoch batches
+            for (inputs,) in epoch_batches(loader, 1, 0, len_epoch, lambda: None):
                 model(inputs)
             fails = False
         except ValueError as error:
             assert "Expected more than 1 value per channel" in str(error)
             fails = True
         trainer = SimpleNamespace(
-            train_loader=loader, model=model, config=SimpleNamespace(source="t.json")
+            train_loader=loader,
+            model=model,
+            config=SimpleNamespace(source="t.json"),
+            len_epoch=len_epoch,
         )
         checked = one_sample_batch_check(trainer)
         refused = pytest.raises(UserError, match=r"^t\.json: data_loader\.args\.batch_size: ")
@@ -861,3 +874,5 @@ def test_resnet18_with_a_last_batch_of_one_sample_stops_train_py_at_the_start(tm
     )
     assert "(9 training samples per process)" in err
     assert not (tmp_path / "saved").exists()
+    # Epochs of 2 batches of the pass's 3 never reach the one-sample batch: trained, not refused.
+    assert train.main(["-c", str(path), "--set", "n_gpu=0", "--set", "trainer.len_epoch=2"]) == 0
