@@ -143,9 +143,9 @@ def evaluate_checkpoint(
     use_device(device)
     distributed = config["distributed"]
     # Under torchrun each rank evaluates its share of the split; the sums are all-reduced. Every
-    # rank reads one checkpoint and config: their warnings (the data changed) rank 0 says once.
+    # rank reads one checkpoint, config and data: their warnings (the data changed) said once.
     group = process_group(info, distributed["backend"], device, distributed["timeout"])
-    with group, said_by_rank0(logger, info.rank, verbosity=1):
+    with group, said_by_rank0((logger, logging.getLogger("data")), info.rank, verbosity=1):
         results = evaluate_in_group(
             config, split, device, weights=weights, confusion_png=confusion_png
         )

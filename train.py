@@ -125,8 +125,10 @@ def train(
     # model's pretrained weights are not read (offline, their file may be gone).
     point = on_rank0(find_resume_point, config)
     resumed = point.path is not None
-    # Every rank builds from one config: its warnings (a schedule shorter than the run) once.
-    with said_by_rank0(logging.getLogger("train"), info.rank, verbosity):
+    # Every rank builds from one config and reads one data folder: their warnings (a schedule
+    # shorter than the run, image files of a format not read) once.
+    loggers = (logging.getLogger("train"), logging.getLogger("data"))
+    with said_by_rank0(loggers, info.rank, verbosity):
         trainer = build_trainer(config, info, device, logging.getLogger("train"), resumed=resumed)
     trainer.resume(point)
     trainer.check_first_batch()  # the data's dtypes and shapes against the model and the loss

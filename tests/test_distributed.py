@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NO_SAMPLE, ROOT, SAMPLE_DIR, run_main, set_flags, shrink, wait_for_file
+from conftest import (
+    NO_SAMPLE,
+    ROOT,
+    SAMPLE_DIR,
+    noise_image_folder,
+    run_main,
+    set_flags,
+    shrink,
+    wait_for_file,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -537,6 +546,35 @@ def test_a_config_warning_is_printed_once_under_torchrun(config_path: Path) -> N
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert output.count("lr_scheduler: CosineAnnealingLR ends after") == 1, output
+
+
+@pytest.mark.slow
+def test_a_data_warning_is_printed_once_under_torchrun(tmp_path: Path) -> None:
+    """Every rank reads the one image folder; its warning of files of a format not read (a
+    .heic photo) was printed once per rank."""
+    images = noise_image_folder(tmp_path / "images", count=18)
+    (images / "train" / "class0" / "photo.heic").write_bytes(b"not read")
+    overrides = {
+        "n_gpu": 0,
+        "arch.args.weights": None,
+        "arch.args.num_classes": 3,
+        "data_loader.args.data_dir": str(images),
+        "data_loader.args.image_size": 32,
+        "data_loader.args.validation_split": 6,
+        "data_loader.args.batch_size": 3,
+        "data_loader.args.num_workers": 0,
+        "trainer.epochs": 1,
+        "trainer.len_epoch": 1,
+        "trainer.save_dir": str(tmp_path / "saved"),
+        "trainer.tensorboard": False,
+    }
+    result = run_torchrun(
+        "--standalone", "--nproc_per_node=2", "train.py", "-c", "configs/finetune.json",
+        "--run-id", "warned", *set_flags(overrides),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("left out 1 image files of a format not read (1 .heic)") == 1, output
 
 
 @pytest.mark.parametrize(

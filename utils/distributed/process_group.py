@@ -274,17 +274,22 @@ def sync_buffers(module: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def said_by_rank0(logger: logging.Logger, rank: int, verbosity: int) -> Iterator[None]:
-    """Inside, `logger` keeps quiet on ranks other than 0 but for errors: for work every rank
-    does alike (building from one config, restoring one checkpoint), whose warnings would
-    otherwise be printed once per rank. verbosity 2 (every rank logs everything, for
-    debugging) leaves it as it is."""
+def said_by_rank0(
+    loggers: logging.Logger | tuple[logging.Logger, ...], rank: int, verbosity: int
+) -> Iterator[None]:
+    """Inside, `loggers` keep quiet on ranks other than 0 but for errors: for work every rank
+    does alike (building from one config, reading one data folder, restoring one checkpoint),
+    whose warnings would otherwise be printed once per rank. verbosity 2 (every rank logs
+    everything, for debugging) leaves them as they are."""
     if rank == 0 or verbosity >= 2:
         yield
         return
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    loggers = loggers if isinstance(loggers, tuple) else (loggers,)
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
