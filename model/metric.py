@@ -83,20 +83,45 @@ def psnr(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 class RMSE(StatefulMetric):
-    """Root mean squared error over all values of the epoch: sqrt(sum (output - target)^2 / n),
-    output and target of one shape (a regression's (B, 1) and (B, 1))."""
+    """Root mean squared error over the epoch, output and target of one shape (B, ...). By
+    default every value of a sample pools into one, sqrt(sum (output - target)^2 / n) over all
+    of them (torchmetrics' MeanSquaredError(squared=False); an image's pixels). With
+    `num_outputs` K > 1, each of a sample's K values is an output and the value is the mean of
+    their RMSEs (scikit-learn's root_mean_squared_error, its default "uniform_average")."""
 
-    num_sums = 2
+    def __init__(self, num_outputs: int = 1) -> None:
+        if not isinstance(num_outputs, int) or isinstance(num_outputs, bool) or num_outputs < 1:
+            raise ConfigValueError(f"num_outputs: must be an integer >= 1, got {num_outputs!r}")
+        self.num_outputs = num_outputs
+        # Per output its sum of squared errors, then n (for one output the 2 sums of mid-epoch
+        # checkpoints always had).
+        self.num_sums = num_outputs + 1
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         check_same_shape(output, target, "RMSE")
         dtype = sum_dtype(output.device)
         error = output.to(dtype) - target.to(dtype)
-        return torch.stack([error.square().sum(), error.new_full((), error.numel())])
+        if self.num_outputs == 1:  # (B x values, 1): every value of every sample pooled
+            columns = error.reshape(-1, 1)
+        else:  # (B, K): a column per output; B, not -1, for an empty batch
+            check_num_outputs(target, self.num_outputs, "RMSE", "root_mean_squared_error")
+            columns = error.reshape(len(error), self.num_outputs)
+        return torch.cat([columns.square().sum(dim=0), error.new_full((1,), len(columns))])
 
     def compute(self, sums: list[float]) -> float:
-        squared_errors, count = sums
-        return math.sqrt(squared_errors / count)
+        *squared_errors, count = sums
+        return sum(math.sqrt(value / count) for value in squared_errors) / self.num_outputs
+
+
+def check_num_outputs(target: torch.Tensor, num_outputs: int, name: str, reference: str) -> None:
+    """Refuse, in one line, a target of another number of values a sample than `num_outputs`."""
+    found = math.prod(target.shape[1:])
+    if found != num_outputs:
+        raise DataError(
+            f"{name}: a sample has {found} target values ({describe(target)}) but "
+            f'num_outputs is {num_outputs}: give {name} "args": {{"num_outputs": '
+            f"{found}}} (the mean over the outputs, as scikit-learn's {reference})"
+        )
 
 
 class R2(StatefulMetric):
@@ -128,13 +153,8 @@ class R2(StatefulMetric):
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         check_same_shape(output, target, "R2")
-        num_outputs = math.prod(target.shape[1:])
-        if num_outputs != self.num_outputs:
-            raise DataError(
-                f"R2: a sample has {num_outputs} target values ({describe(target)}) but "
-                f'num_outputs is {self.num_outputs}: give R2 "args": {{"num_outputs": '
-                f"{num_outputs}}} (the mean of each output's R², as scikit-learn's r2_score)"
-            )
+        check_num_outputs(target, self.num_outputs, "R2", "r2_score")
+        num_outputs = self.num_outputs
         dtype = sum_dtype(target.device)
         # (B, K): a column per output; B, not -1, for an empty batch
         output = output.to(dtype).reshape(len(output), num_outputs)

@@ -124,15 +124,21 @@ def test_regression_metrics_equal_scikit_learn_whatever_the_batches(num_examples
         target, output = target.to(dtypes[0]), output.to(dtypes[1])
         if not (target.isfinite().all() and output.isfinite().all()):
             return  # float16 holds no more than 65504
-        # (B, K): each of a sample's values is an output, R² the mean of theirs
+        # (B, K): each of a sample's values is an output, RMSE and R² the mean of theirs
         y = target.double().numpy().reshape(num_samples, -1)
         predicted = output.double().numpy().reshape(num_samples, -1)
         expected = {
-            "RMSE": metrics.mean_squared_error(y.ravel(), predicted.ravel()) ** 0.5,
+            "RMSE": metrics.root_mean_squared_error(y, predicted),
+            # by default every value pooled, as torchmetrics' MeanSquaredError(squared=False)
+            "pooled RMSE": metrics.root_mean_squared_error(y.ravel(), predicted.ravel()),
             # scikit-learn warns that R² of one sample is undefined, and gives nan
             "R2": float("nan") if num_samples < 2 else metrics.r2_score(y, predicted),
         }
-        built = {"RMSE": RMSE(), "R2": R2(num_outputs=y.shape[1])}
+        built = {
+            "RMSE": RMSE(num_outputs=y.shape[1]),
+            "pooled RMSE": RMSE(),
+            "R2": R2(num_outputs=y.shape[1]),
+        }
         split = data.draw(splits(num_samples))
         for name, reference in expected.items():
             whole = value_over(built[name], output, target)
@@ -492,6 +498,28 @@ def test_r2_of_two_outputs_is_the_mean_of_their_r2():
     output[:, 1] = 101.5  # the second output's mean: its R² is 0
     split = {"order": [3, 1, 0, 2], "cuts": [1], "num_ranks": 2}
     assert value_over(R2(num_outputs=2), output, target, split) == pytest.approx(0.5, abs=1e-12)
+
+
+def test_rmse_of_two_outputs_is_the_mean_of_their_rmse():
+    """RMSE could only pool every value of (B, 2) targets: sqrt(2) = 1.41 here, where
+    scikit-learn's root_mean_squared_error gives the mean of each output's RMSE, (0 + 2) / 2 = 1;
+    num_outputs asks for that. By default (torchmetrics') it still pools."""
+    target = torch.tensor([[0.0, 100.0], [1.0, 101.0], [2.0, 102.0], [3.0, 103.0]])
+    output = target + torch.tensor([0.0, 2.0])  # the first output exact, the second 2 off
+    split = {"order": [3, 1, 0, 2], "cuts": [1], "num_ranks": 2}
+    assert value_over(RMSE(num_outputs=2), output, target, split) == pytest.approx(1.0, abs=1e-12)
+    assert value_over(RMSE(), output, target, split) == pytest.approx(2**0.5, abs=1e-12)
+
+
+def test_rmse_refuses_a_number_of_outputs_other_than_its_own():
+    sums = MetricSums({"RMSE": RMSE(num_outputs=3)}, torch.device("cpu"))
+    message = r'RMSE: a sample has 2 target values \(\(4, 2\) float32\) but num_outputs is 3: .*"num_outputs": 2'
+    with pytest.raises(DataError, match=message):
+        sums.add(
+            StepOutput(loss=torch.zeros(()), output=torch.zeros(4, 2), target=torch.zeros(4, 2))
+        )
+    with pytest.raises(ConfigValueError, match="num_outputs: must be an integer >= 1, got 0"):
+        RMSE(num_outputs=0)
 
 
 def test_r2_of_a_constant_target_is_scikit_learns():
