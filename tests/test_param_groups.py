@@ -3,6 +3,7 @@ parameter in exactly one group, each with the learning rate and weight decay the
 whatever the layers call their parameters, whatever is frozen or tied."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 
 from base.base_model import BaseModel
 from parse_config import ConfigError, ConfigParser
+from utils import ConfigValueError
 from utils.optim.optimizer import (
     NORM_LAYERS,
     build_optimizer,
@@ -268,3 +270,22 @@ def test_freezing_the_second_name_of_a_tied_weight_freezes_the_tensor():
     model.freeze(["layers.head.weight"])
     assert not model.layers.embed.weight.requires_grad  # one tensor: frozen under both names
     assert model.layers.head.bias.requires_grad
+
+
+def test_the_hint_of_a_prefix_that_matches_nothing_names_every_name_of_a_tied_weight():
+    """A decoder without a bias, its weight tied to an embedding: the hint of arch.freeze and of
+    param_groups listed layers.embed only (named_parameters() gives a tied weight's first name),
+    while either name is what a user may write."""
+
+    class TiedDecoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.decoder = nn.Embedding(5, 4), nn.Linear(4, 5, bias=False)
+            self.decoder.weight = self.embed.weight
+
+    model = Tree(TiedDecoder())
+    hint = "names start with: layers.decoder, layers.embed)"
+    with pytest.raises(ConfigValueError, match=re.escape(hint)):
+        model.freeze(["layers.head"])
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        parameter_groups(model, [{"params": "layers.head", "lr": 0.1}], "t.json")

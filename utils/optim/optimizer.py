@@ -192,8 +192,10 @@ def under_prefix(name: str, prefix: str) -> bool:
 
 
 def name_prefixes(module: nn.Module) -> list[str]:
-    """The first two parts of the parameter names (e.g. network.layer1), for error messages."""
-    return sorted({".".join(name.split(".")[:2]) for name, _ in module.named_parameters()})
+    """The first two parts of the parameter names (e.g. network.layer1), for error messages:
+    every name of a tied weight (arch.freeze and param_groups take any of them)."""
+    names = (name for name, _ in module.named_parameters(remove_duplicate=False))
+    return sorted({".".join(name.split(".")[:2]) for name in names})
 
 
 def check_algorithm(name: str | None, params: list[torch.Tensor], where: str) -> None:
