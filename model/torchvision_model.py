@@ -51,6 +51,7 @@ class TorchvisionModel(BaseModel):
             raise ConfigValueError(
                 f"unknown torchvision model {name!r}; see torchvision.models.list_models()"
             )
+        check_classifier(name)
         if (builder_args or {}).get("aux_logits") and name in AUX_HEADS:
             raise ConfigValueError(
                 f"builder_args: aux_logits: {name}'s auxiliary outputs are not supported (the "
@@ -85,6 +86,29 @@ class TorchvisionModel(BaseModel):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.network(images)
+
+
+# torchvision's models of other tasks, what they return and which model here does the task.
+OTHER_TASKS = {
+    "detection": "a list of boxes per image; the detection task's model is TinyDetector",
+    "segmentation": "a dict of masks; the segmentation task's model is UNet",
+    "video": "classes of clips (B, C, T, H, W), not of images",
+    "optical_flow": "flow fields of image pairs",
+    "quantization": "a quantized network, for CPU inference after training",
+}
+
+
+def check_classifier(name: str) -> None:
+    """Refuse, in one line, a torchvision model of another task than classifying images (a
+    detector, a segmenter, a video or quantized network): built here, it failed obscurely on
+    the first batch or trained as a classifier what is not one."""
+    for task, what in OTHER_TASKS.items():
+        if name in torchvision.models.list_models(module=getattr(torchvision.models, task)):
+            raise ConfigValueError(
+                f"{name!r} is torchvision's {task.replace('_', ' ')} model ({what}); "
+                "TorchvisionModel trains image classifiers only: see docs/extending.md for the "
+                "detection and segmentation tasks"
+            )
 
 
 def without_pretrained(arch: dict) -> dict:

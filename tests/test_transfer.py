@@ -23,7 +23,7 @@ import train
 from build import build_trainer, freeze, load_inference_model
 from data_loader.synthetic import SyntheticShapes
 from model.model import TorchvisionModel
-from model.torchvision_model import AUX_HEADS, without_pretrained
+from model.torchvision_model import AUX_HEADS, check_classifier, without_pretrained
 from parse_config import ConfigParser
 from trainer.distillation import load_teacher
 from utils import ConfigValueError, UserError
@@ -876,3 +876,35 @@ def test_resnet18_with_a_last_batch_of_one_sample_stops_train_py_at_the_start(tm
     assert not (tmp_path / "saved").exists()
     # Epochs of 2 batches of the pass's 3 never reach the one-sample batch: trained, not refused.
     assert train.main(["-c", str(path), "--set", "n_gpu=0", "--set", "trainer.len_epoch=2"]) == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(torchvision.models.list_models()))
+def test_a_torchvision_model_of_another_task_is_refused_in_one_line(name):
+    """Every model torchvision lists is either an image classifier, which TorchvisionModel
+    builds, or refused by name: a detector, a segmenter or a video network was built and then
+    failed on the first batch (a list of dicts, or a dict, where logits were expected) or
+    trained a clip network on images."""
+    classifiers = torchvision.models.list_models(module=torchvision.models)
+    if name in classifiers:
+        check_classifier(name)
+    else:
+        with pytest.raises(ConfigValueError, match=rf"^'{name}' is torchvision's [a-z ]+ model \("):
+            check_classifier(name)
+
+
+def test_train_py_refuses_a_detector_as_a_torchvision_model(tmp_path, capsys):
+    config = json.loads((ROOT / "configs/finetune.json").read_text())
+    config["arch"] = {"type": "TorchvisionModel", "args": {"name": "fasterrcnn_resnet50_fpn"}}
+    config["data_loader"] = {
+        "type": "SyntheticDataLoader",
+        "args": {"batch_size": 4, "num_train": 8, "num_test": 4, "validation_split": 4},
+    }
+    config["trainer"].update(save_dir=str(tmp_path / "saved"), epochs=1, tensorboard=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert train.main(["-c", str(path), "--set", "n_gpu=0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'fasterrcnn_resnet50_fpn' is torchvision's detection model" in err, err
+    assert "\n" not in err and "TinyDetector" in err
+    assert not (tmp_path / "saved").exists()
