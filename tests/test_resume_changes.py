@@ -3,17 +3,21 @@ inside an epoch, optimizer and schedule changes, OneCycleLR and --epochs, metric
 device without float64, and the GPU paths simulated on the CPU (cuda:N, the process-group
 timeout, the averaged weights' updates and which weights the tools load)."""
 
+import dataclasses
 import json
 import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import ROOT, run_main, shrink
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ports import free_port
 from test_distributed import run_torchrun
 from torch import nn
@@ -469,3 +473,57 @@ def test_a_resume_in_another_batch_geometry_at_an_epoch_boundary_says_so(stop_at
     log = capsys.readouterr().out
     assert "batch_size 32 -> 64" in log and "epoch 2 on is trained in this run's batches" in log
     assert "lr_scheduler" not in log
+
+
+@pytest.fixture
+def nonfinite_at(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """{"batches": set, "count": 0}: the demo's Trainer makes the loss nan at the training
+    batches in "batches", counted in "count" (in training mode: not check_first_batch's)."""
+    import trainer as trainer_module
+
+    injected = {"batches": set(), "count": 0}
+    original = trainer_module.Trainer.training_step
+
+    def training_step(self, batch):
+        result = original(self, batch)
+        if self.model.training:
+            injected["count"] += 1
+            if injected["count"] in injected["batches"]:
+                result = dataclasses.replace(result, loss=result.loss * float("nan"))
+        return result
+
+    monkeypatch.setattr(trainer_module.Trainer, "training_step", training_step)
+    return injected
+
+
+@pytest.mark.slow
+def test_a_rebuilt_schedule_counts_the_steps_taken_not_those_skipped(
+    stop_at, nonfinite_at, tmp_path, capsys
+):
+    """Epoch 1 with nonfinite "skip" and batches of nan loss, each an accumulation group of its
+    own: its skipped groups take no optimizer step, and the schedule waits for the next (the
+    docs). The schedule rebuilt on resume was stepped once per group, skipped ones included:
+    ahead of an uninterrupted run's, whose schedule steps once per optimizer step."""
+
+    @settings(max_examples=3, deadline=None)
+    @given(skipped=st.sets(st.integers(1, 8), min_size=1, max_size=3))
+    def check(skipped: set[int]) -> None:
+        nonfinite_at.update(batches=skipped, count=0)
+        schedule = {"type": "CosineAnnealingLR", "args": {}, "interval": "epoch"}
+        trainer = {"epochs": 2, "nonfinite": "skip", "max_skipped_steps": 3}
+        with tempfile.TemporaryDirectory() as folder:
+            config = demo(Path(folder), lr_scheduler=schedule, trainer=trainer)
+            assert train.main(["-c", str(config), "--run-id", "run", "--epochs", "1"]) == 0
+            nonfinite_at["batches"] = set()  # none in the resumed part
+            run_dir = Path(folder) / "saved" / RUN / "run"
+            epoch1 = load(run_dir / "checkpoint-epoch1.pth")
+            assert epoch1["global_step"] == 8 - len(skipped)
+            capsys.readouterr()
+            step = ["--set", "lr_scheduler.interval=step", "--epochs", "2"]
+            assert train.main(["-r", str(run_dir), *step]) == 0
+            assert f"stepped {8 - len(skipped)} times" in capsys.readouterr().out
+            state = load(run_dir / "checkpoint-epoch2.pth")
+            assert state["global_step"] == 16 - len(skipped)
+            assert state["lr_scheduler"]["last_epoch"] == state["global_step"]
+
+    check()

@@ -180,8 +180,12 @@ def restore_schedule(
 
 def schedule_position(trainer: "BaseTrainer") -> int:
     """How many times the schedule has stepped at the resume point, in this run's units: epochs
-    done, or optimizer steps."""
-    return steps_done(trainer) if trainer.step_per_batch else trainer.state.epoch
+    done, or optimizer steps taken: an accumulation group skipped for a non-finite loss took
+    none, and the schedule waited (global_step less step_offset: steps_done after a change of
+    batch geometry, which counts the steps anew in this run's batches)."""
+    if not trainer.step_per_batch:
+        return trainer.state.epoch
+    return trainer.state.global_step - trainer.state.step_offset
 
 
 def steps_done(trainer: "BaseTrainer") -> int:
