@@ -71,6 +71,11 @@ def parse_dimension(kind: str, text: str) -> Dimension:
     if kind in ("grid", "choice"):
         if not isinstance(value, list) or not value:
             raise SweepError(f"{flag} {text!r}: expected a non-empty JSON list, {form}")
+        # A repeated grid value runs the same trial twice; a repeated choice is drawn twice as
+        # often, where the docs promise each value is as likely.
+        repeated = [item for index, item in enumerate(value) if _listed(item, value[:index])]
+        if repeated:
+            raise SweepError(f"{flag} {text!r}: {json.dumps(repeated[0])} is listed twice")
         return Dimension(key, kind, value)
     bounds = value if isinstance(value, list) else str(value).split(",")
     try:
@@ -82,6 +87,14 @@ def parse_dimension(kind: str, text: str) -> Dimension:
     if kind == "log_uniform" and low <= 0:
         raise SweepError(f"{flag} {text!r}: LOW must be > 0 on a log scale")
     return Dimension(key, kind, [low, high])
+
+
+def _listed(value: Any, values: list) -> bool:
+    """`value` is among `values` as a config sees it: 1 and 1.0 alike, but not True (a bool
+    key and a number key are told apart by validation)."""
+    return any(
+        item == value and isinstance(item, bool) == isinstance(value, bool) for item in values
+    )
 
 
 def build_space(

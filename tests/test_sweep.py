@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, run_main, signal_once_saved, wait_for_file
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sweep
 from sweeps.results import summarize
@@ -27,7 +29,7 @@ from sweeps.runner import (
     trial_environment,
     visible_gpus,
 )
-from sweeps.space import Trial, build_space, grid_trials, random_trials
+from sweeps.space import SweepError, Trial, build_space, grid_trials, random_trials
 from utils.state.checkpoint import save_checkpoint
 from utils.state.folds import RESULT, summarize_folds
 from utils.state.run_folder import SUMMARY
@@ -97,9 +99,45 @@ def test_random_draws_follow_the_seed_and_stay_in_their_ranges():
     assert {trial.values["seed"] for trial in trials} == {1, 2, 3}
 
 
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-2, 2) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3),
+    max_leaves=4,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    values=st.lists(JSON_VALUES, min_size=1, max_size=5), kind=st.sampled_from(["grid", "choice"])
+)
+def test_a_repeated_value_is_refused_and_the_points_left_are_distinct(values, kind):
+    """A repeated grid value would run the same trial twice, a repeated choice be drawn twice as
+    often: refused in one line; a list that passes gives trials that all differ."""
+    text = f"optimizer.args.lr={json.dumps(values)}"
+    flags = {kind: [text], **({"num_random": 3} if kind == "choice" else {})}
+    repeated = any(
+        earlier == value and isinstance(earlier, bool) == isinstance(value, bool)
+        for index, value in enumerate(values)
+        for earlier in values[:index]
+    )
+    if repeated:
+        with pytest.raises(SweepError, match="is listed twice"):
+            space(**flags)
+    else:
+        points = {json.dumps(trial.values) for trial in grid_trials(space(grid=[text]))}
+        assert len(points) == len(values)
+
+
+def test_a_grid_value_given_twice_is_refused():
+    with pytest.raises(SweepError, match=r"--grid 'optimizer.args.lr=\[0.1,0.01,0.1\]': 0.1 is"):
+        space(grid=["optimizer.args.lr=[0.1,0.01,0.1]"])
+
+
 BAD_SPECS = [
     (["--grid", "optimizer.args.lrr=[0.1]"], "optimizer.args.lrr: not in the config"),
     (["--grid", "optimizer.args.lr=[]"], "expected a non-empty JSON list"),
+    (["--grid", "optimizer.args.lr=[0.1,0.1]"], "0.1 is listed twice"),
+    (["--random", "2", "--choice", "seed=[1,2,1.0]"], "1.0 is listed twice"),
     (["--random", "2", "--uniform", "optimizer.args.lr=0.1,0.01"], "LOW must be below HIGH"),
     (["--random", "2", "--log-uniform", "optimizer.args.lr=0,1"], "LOW must be > 0"),
     (["--grid", "seed=[1]", "--random", "2", "--choice", "seed=[2]"], "does not mix"),
