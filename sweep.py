@@ -184,6 +184,7 @@ class TrialStarter:
             available_cpus,
             start_process,
             trial_environment,
+            wait_for_run_folder,
         )
         from sweeps.space import describe_values, set_flags
 
@@ -206,12 +207,14 @@ class TrialStarter:
             num_cpus=available_cpus(),
             environ=os.environ,
         )
+        run_dir, logger = self.sweep.run_dir(trial), logging.getLogger("sweep")
+        wait_for_run_folder(trial, run_dir, logger)
         log_path = record_path(self.sweep.sweep_dir, trial, ".log")
         self.log_starts[trial.name] = log_path.stat().st_size if log_path.exists() else 0
-        logging.getLogger("sweep").info(
+        logger.info(
             "%s started: %s (output: %s)", trial.name, describe_values(trial.values), log_path
         )
-        return start_process(command, env, log_path), self.sweep.run_dir(trial)
+        return start_process(command, env, log_path), run_dir
 
 
 def summarize_sweep(sweep: "Sweep", trials: list["Trial"]) -> None:

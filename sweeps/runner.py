@@ -7,7 +7,9 @@ separate processes are what lets K trials run at once, each on its own GPU.
 """
 
 import ctypes
+import fcntl
 import functools
+import logging
 import os
 import signal
 import subprocess
@@ -24,10 +26,14 @@ from utils.state.checkpoint import (
     load_checkpoint,
     sorted_checkpoints,
 )
+from utils.state.run_lock import LOCK
 from utils.state.signals import STOP_SIGNALS, StopRequest
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
 POLL_SECONDS = 0.2  # how often the sweep looks at its running trials
+# How long a trial waits for its run folder's lock: a trial of a sweep that was killed saves a
+# checkpoint on the SIGTERM its parent's death sends, which takes about an epoch's batch.
+HELD_WAIT_SECONDS = 120
 PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies (Linux)
 # Exit codes of a train.py stopped by a signal after saving (128 + signal), or killed by one.
 INTERRUPTED_CODES = {128 + signum for signum in STOP_SIGNALS} | {-signum for signum in STOP_SIGNALS}
@@ -94,6 +100,39 @@ def start_process(command: list[str], env: dict[str, str], log_path: Path) -> su
             start_new_session=True,
             preexec_fn=functools.partial(_stop_with_parent, os.getpid()) if on_linux else None,
         )
+
+
+def wait_until_free(run_dir: Path, *, timeout: float) -> bool:
+    """Wait until no process holds run_dir's lock (train.py's, see utils/state/run_lock.py);
+    False if one still does after `timeout` seconds. A sweep run again at once after it was
+    killed finds its trials still saving: started now, they would be refused as "in use"."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(run_dir / LOCK, "rb") as file:  # never created here: train.py makes it
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True  # let go at once, on close: the trial takes it
+        except FileNotFoundError:
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_SECONDS)
+        except OSError:  # a file system that cannot lock: train.py goes on unlocked too
+            return True
+
+
+def wait_for_run_folder(trial: Trial, run_dir: Path, logger: logging.Logger) -> None:
+    """Before a trial starts, wait (up to HELD_WAIT_SECONDS) for a process holding its run
+    folder to end: then train.py would refuse it as "in use" and the trial fail."""
+    if not wait_until_free(run_dir, timeout=0):
+        logger.info(
+            "%s: its run folder is held by another process (a killed sweep's trial saving its "
+            "checkpoint?): waiting up to %d s",
+            trial.name,
+            HELD_WAIT_SECONDS,
+        )
+        wait_until_free(run_dir, timeout=HELD_WAIT_SECONDS)  # still held: train.py says so
 
 
 def epoch_metrics(run_dir: Path, after: int) -> list[tuple[int, dict]]:

@@ -444,6 +444,45 @@ def test_a_failed_trial_is_reported_by_its_own_output_not_an_earlier_runs(make_c
     assert "trial-000 failed (exit code 3): (no output)" in result.stdout
 
 
+def test_a_sweep_rerun_at_once_waits_for_its_killed_runs_trial_to_save(make_config):
+    """A sweep killed with SIGKILL leaves its trial saving a checkpoint (SIGTERM from the parent
+    death signal) and holding its run folder's lock for a moment: the same command run again at
+    once waits for it, then resumes the trial, rather than fail it as "in use"."""
+    import threading
+
+    from utils.state.run_lock import held
+
+    config = make_config(**TINY)
+    folder = sweep_dir(config, "stale")
+    run_dir = folder / "models" / NAME / "trial-000"
+    run_dir.mkdir(parents=True)
+    taken, done = threading.Event(), threading.Event()
+
+    def said(path: Path, text: str) -> bool:
+        return path.is_file() and text in path.read_text(errors="replace")
+
+    def saving() -> None:  # the killed sweep's trial, saving until the sweep waits or fails
+        with held(run_dir, shared=False):
+            taken.set()
+            while not done.is_set() and not (
+                said(folder / "info.log", "held by another process")
+                or said(folder / "trials" / "trial-000.log", "in use by another process")
+            ):
+                time.sleep(0.1)
+
+    thread = threading.Thread(target=saving)
+    thread.start()
+    taken.wait()
+    try:
+        result = run_main("sweep.py", "-c", str(config), "--name", "stale", "--grid", "seed=[1]")
+    finally:
+        done.set()
+        thread.join()
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "trial-000: its run folder is held by another process" in result.stdout
+    assert_ranked_by_checkpoints(read_summary(folder), 1)
+
+
 def write_tool(folder: Path, name: str, body: str) -> None:
     folder.mkdir(exist_ok=True)
     path = folder / name
