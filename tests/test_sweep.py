@@ -7,6 +7,7 @@ themselves run as subprocesses, each trial a real train.py run of one or two tin
 import csv
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -257,6 +258,62 @@ def test_the_summary_ranks_finished_trials_and_leaves_the_others_unranked(tmp_pa
         (3, "trial-000", 0.5),
         (None, "trial-002", 0.1),  # failed: its value is shown, not ranked
     ]
+
+
+SCORES = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.5, 0.25])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    trials=st.lists(
+        st.tuples(SCORES, st.sampled_from(["finished", "failed", "interrupted", "pending"])),
+        min_size=1,
+        max_size=6,
+    ),
+    mode=st.sampled_from(["min", "max"]),
+)
+def test_the_summary_tables_rank_by_the_monitor_mode_and_equal_each_trials_checkpoint(
+    tmp_path_factory, trials, mode
+):
+    """Whatever the scores (ties, NaN, inf) and statuses: the finished trials with a finite
+    value come first, in the monitor's order (ties in trial order), the others after them in
+    trial order, unranked; and every value in the CSV and JSON, read by column name, is the
+    one in that trial's model_best.pth."""
+    from sweeps.results import write_summary
+
+    folder = tmp_path_factory.mktemp("sweep")
+    pairs = []
+    for index, (score, status) in enumerate(trials):
+        trial, run_dir = Trial(index, {"optimizer.args.lr": index / 10}), folder / f"run{index}"
+        run_dir.mkdir()
+        state = {"model": {}, "config": {}, "epoch": 1, "metrics": {"val/loss": score}}
+        save_checkpoint(state, run_dir / "model_best.pth")
+        if status != "pending":
+            (folder / "trials").mkdir(exist_ok=True)
+            (folder / "trials" / f"{trial.name}.json").write_text(json.dumps({"status": status}))
+        pairs.append((trial, run_dir))
+    rows = summarize(folder, pairs, mode=mode, key="val/loss")
+    write_summary(folder, rows, monitor=f"{mode} val/loss", key="val/loss")
+
+    rankable = [
+        index
+        for index, (score, status) in enumerate(trials)
+        if status == "finished" and math.isfinite(score)
+    ]
+    order = sorted(rankable, key=lambda index: trials[index][0] * (-1 if mode == "max" else 1))
+    order += [index for index in range(len(trials)) if index not in rankable]
+    table = read_summary(folder)
+    listed = json.loads((folder / "sweep_summary.json").read_text())["trials"]
+    assert [row["trial"] for row in table] == [f"trial-{index:03d}" for index in order]
+    assert [row["trial"] for row in listed] == [row["trial"] for row in table]
+    for row, entry, index in zip(table, listed, order, strict=True):
+        expected = best_metric(folder / f"run{index}", "val/loss")
+        assert row["rank"] == (str(order.index(index) + 1) if index in rankable else "")
+        assert entry["rank"] == (order.index(index) + 1 if index in rankable else None)
+        assert row["status"] == trials[index][1]
+        for value in (float(row["val/loss"]), float(entry["value"])):
+            assert value == expected or (math.isnan(value) and math.isnan(expected))
+        assert float(row["optimizer.args.lr"]) == index / 10
 
 
 def test_a_cross_validated_trial_is_ranked_by_its_mean_over_the_folds(tmp_path):
