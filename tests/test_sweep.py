@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, run_main, signal_once_saved, wait_for_file
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sweep
@@ -132,6 +132,30 @@ def test_a_repeated_value_is_refused_and_the_points_left_are_distinct(values, ki
 def test_a_grid_value_given_twice_is_refused():
     with pytest.raises(SweepError, match=r"--grid 'optimizer.args.lr=\[0.1,0.01,0.1\]': 0.1 is"):
         space(grid=["optimizer.args.lr=[0.1,0.01,0.1]"])
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # one config file for every example: only the flags vary
+@given(draw_seed=st.integers(0, 2**31), config_seed=st.integers(0, 1000))
+def test_every_trial_trains_with_the_configs_seed_whatever_the_draws_seed(
+    make_config, draw_seed, config_seed
+):
+    """As docs/sweeps.md says: --seed seeds the draws only; each trial's config keeps `seed`."""
+    from sweeps.plan import plan
+
+    argv = [
+        "-c",
+        str(make_config(**TINY)),
+        "--seed",
+        str(draw_seed),
+        "--set",
+        f"seed={config_seed}",
+    ]
+    found = plan(
+        sweep.parse_args([*argv, "--random", "3", "--log-uniform", "optimizer.args.lr=1e-4,1e-2"])
+    )
+    assert {found.parser(trial).config["seed"] for trial in found.trials} == {config_seed}
 
 
 BAD_SPECS = [
