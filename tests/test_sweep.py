@@ -726,6 +726,35 @@ def test_optuna_reports_every_epoch_and_ranks_its_trials(make_config):
         assert json.dumps(run_config["arch"]["args"]["widths"]) == trial.params["arch.args.widths"]
 
 
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_optuna_prunes_and_picks_its_best_by_the_monitors_mode(make_config, mode):
+    """In-process, no training: five trials report epoch 1 and finish; a sixth whose epoch 1 is
+    worse than their median (higher for min, lower for max) is pruned, a better one is not; and
+    the study's best trial is the table's rank 1, by the same mode."""
+    pytest.importorskip("optuna")
+    from sweeps.optuna_search import OptunaTrials
+    from sweeps.plan import plan
+
+    config = make_config(**{**TINY, "trainer.monitor": f"{mode} val/loss"})
+    argv = ["-c", str(config), "--optuna", "7", "--uniform", "optimizer.args.lr=0.001,0.01"]
+    found = plan(sweep.parse_args(argv))
+    found.sweep_dir.mkdir(parents=True)
+    study = OptunaTrials(found)
+    scores = [0.3, 0.1, 0.5, 0.2, 0.4]
+    for score in scores:
+        trial = study.next_trial()
+        assert not study.on_epoch(trial, 1, {"val/loss": score})
+        study.finish(trial, "finished", score)
+    worse, better = (0.9, 0.05) if mode == "min" else (0.05, 0.9)
+    trial = study.next_trial()
+    assert study.on_epoch(trial, 1, {"val/loss": worse})  # pruned
+    study.finish(trial, "pruned", None)
+    trial = study.next_trial()
+    assert not study.on_epoch(trial, 1, {"val/loss": better})
+    best = (min if mode == "min" else max)(range(len(scores)), key=scores.__getitem__)
+    assert study.study.best_trial.number == best
+
+
 def test_a_resumed_optuna_study_continues_its_trial_and_draws_new_values(make_config, tmp_path):
     pytest.importorskip("optuna")
     from parse_config import with_defaults
