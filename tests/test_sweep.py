@@ -564,6 +564,26 @@ def test_a_sweep_rerun_at_once_waits_for_its_killed_runs_trial_to_save(make_conf
     assert_ranked_by_checkpoints(read_summary(folder), 1)
 
 
+@pytest.mark.slow
+def test_a_sweep_killed_mid_trial_and_run_again_at_once_resumes_that_trial_once(make_config, spawn):
+    """SIGKILL, then the same command at once: the killed sweep's trial saves on its parent
+    death signal, and the new sweep resumes it (waiting for it if need be) and runs the next;
+    the summary lists each trial once, finished."""
+    config = make_config(**{**TINY, "trainer.epochs": 2, "trainer.len_epoch": 30})
+    command = [sys.executable, "sweep.py", "-c", str(config), "--name", "kill", "--grid"]
+    command += ["seed=[1,2]"]
+    folder = sweep_dir(config, "kill")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    first = spawn(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    wait_for_file(first, folder / "models" / NAME / "trial-000" / "checkpoint-epoch1.pth")
+    first.kill()
+    first.wait()
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Resumed from" in (folder / "trials" / "trial-000.log").read_text()
+    assert_ranked_by_checkpoints(read_summary(folder), 2)
+
+
 def write_tool(folder: Path, name: str, body: str) -> None:
     folder.mkdir(exist_ok=True)
     path = folder / name
