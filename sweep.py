@@ -138,7 +138,8 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
             study.finish(trial, status, value)
         ended.append(status)
         if status == "failed":
-            error = last_error(record_path(folder, trial, ".log"), starter.log_starts[trial.name])
+            log_path, start = record_path(folder, trial, ".log"), starter.log_starts[trial.name]
+            error = last_error(log_path, start, code)
             logger.warning("%s failed (exit code %d): %s", trial.name, code, error)
         else:
             at = f"at epoch {epoch}" if epoch is not None else "mean over the folds"

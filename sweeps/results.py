@@ -17,6 +17,7 @@ import io
 import json
 import logging
 import math
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,9 +97,15 @@ def write_record(sweep_dir: Path, trial: Trial, *, status: str, code: int, run_d
     write_json(record_path(sweep_dir, trial), {**values, "run_dir": str(run_dir)})
 
 
-def last_error(log_path: Path, start: int = 0) -> str:
-    """The line of a trial's output that says why it failed: its `error:` line, else its last.
-    Only what follows byte `start` counts: the log of a trial that runs again is appended to."""
+def last_error(log_path: Path, start: int = 0, code: int = 1) -> str:
+    """The line of a trial's output that says why it failed: its `error:` line, else its last;
+    for a process killed by a signal (exit code -N), the signal, since whatever it printed last
+    (e.g. "Outputs: ...") is not why. Only what follows byte `start` counts: the log of a trial
+    that runs again is appended to."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-code).name
+            return f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
     with open(log_path, "rb") as file:
         file.seek(start)
         text = file.read().decode(errors="replace")

@@ -584,6 +584,26 @@ def test_a_sweep_killed_mid_trial_and_run_again_at_once_resumes_that_trial_once(
     assert_ranked_by_checkpoints(read_summary(folder), 2)
 
 
+def test_a_trial_killed_by_a_signal_is_reported_as_killed(make_config, tmp_path):
+    """A trial killed by a signal (the OOM killer's SIGKILL) printed no `error:` line, and its
+    last line ("Outputs: ...", or an earlier run's) is not why it failed: the signal is."""
+    config = make_config(**TINY)
+    log = sweep_dir(config, "killed") / "trials" / "trial-000.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("error: the reason an earlier run failed\n")
+    killed = tmp_path / "killed"  # every trial's interpreter prints a line, then is killed
+    killed.mkdir()
+    (killed / "sitecustomize.py").write_text(
+        "import os, signal\nprint('Outputs: here', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    result = run_main(
+        "sweep.py", "-c", str(config), "--name", "killed", "--grid", "seed=[1]",
+        env={"PYTHONPATH": str(killed)},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert "trial-000 failed (exit code -9): killed by SIGKILL (out of memory?)" in result.stdout
+
+
 def write_tool(folder: Path, name: str, body: str) -> None:
     folder.mkdir(exist_ok=True)
     path = folder / name
