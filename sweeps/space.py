@@ -191,12 +191,27 @@ def grid_trials(dimensions: list[Dimension]) -> list[Trial]:
 
 def random_trials(dimensions: list[Dimension], num_trials: int, seed: int) -> list[Trial]:
     """`num_trials` draws from one stream seeded by `seed`: asking for more trials later
-    gives the same first ones, so a sweep can be extended."""
-    rng = random.Random(seed)
-    return [
-        Trial(index, {dimension.key: draw(dimension, rng) for dimension in dimensions})
-        for index in range(num_trials)
-    ]
+    gives the same first ones, so a sweep can be extended.
+
+    Every trial trains with the config's seed, so two trials with the same values would be the
+    same run twice: a space of --choice alone (the only one that repeats a point) is drawn
+    without repeats, and asking it for more trials than it has points is refused."""
+    finite = all(dimension.kind == "choice" for dimension in dimensions)
+    num_points = math.prod(len(dimension.values) for dimension in dimensions)
+    if finite and num_trials > num_points:
+        raise SweepError(
+            f"--random {num_trials}: the --choice space has only {num_points} distinct trials; "
+            f"ask for {num_points} or fewer, or run them all with --grid"
+        )
+    rng, trials, seen = random.Random(seed), [], set()
+    while len(trials) < num_trials:
+        values = {dimension.key: draw(dimension, rng) for dimension in dimensions}
+        point = json.dumps(values, sort_keys=True)
+        if finite and point in seen:
+            continue  # drawn again: the next draw of the one stream
+        seen.add(point)
+        trials.append(Trial(len(trials), values))
+    return trials
 
 
 def draw(dimension: Dimension, rng: random.Random) -> Any:

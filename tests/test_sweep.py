@@ -129,6 +129,35 @@ def test_a_repeated_value_is_refused_and_the_points_left_are_distinct(values, ki
         assert len(points) == len(values)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    num_trials=st.integers(1, 12),
+    seed=st.integers(0, 1000),
+)
+def test_random_draws_from_choices_alone_never_repeat_a_trial(sizes, num_trials, seed):
+    """Every trial trains with the config's seed: two trials with the same values would be one
+    run twice. A --choice-only space gives distinct trials, extends with the same first ones,
+    and refuses more trials than it has points."""
+    choices = [f"k{index}={json.dumps(list(range(size)))}" for index, size in enumerate(sizes)]
+    dimensions = space(choice=choices, num_random=num_trials)
+    num_points = math.prod(sizes)
+    if num_trials > num_points:
+        with pytest.raises(SweepError, match=f"only {num_points} distinct trials"):
+            random_trials(dimensions, num_trials, seed)
+        return
+    trials = random_trials(dimensions, num_trials, seed)
+    assert len({json.dumps(trial.values) for trial in trials}) == num_trials
+    assert [trial.index for trial in trials] == list(range(num_trials))
+    assert random_trials(dimensions, num_trials - 1, seed) == trials[:-1]
+
+
+def test_a_random_sweep_of_two_choices_does_not_draw_a_trial_twice():
+    dimensions = space(choice=["optimizer.args.lr=[0.1,0.01]"], num_random=2)
+    values = [trial.values["optimizer.args.lr"] for trial in random_trials(dimensions, 2, seed=0)]
+    assert sorted(values) == [0.01, 0.1]
+
+
 def test_a_grid_value_given_twice_is_refused():
     with pytest.raises(SweepError, match=r"--grid 'optimizer.args.lr=\[0.1,0.01,0.1\]': 0.1 is"):
         space(grid=["optimizer.args.lr=[0.1,0.01,0.1]"])
