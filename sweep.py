@@ -79,8 +79,9 @@ def run(args: argparse.Namespace, sweep: "Sweep") -> int:
 
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
     check_definition(sweep.sweep_dir, sweep.definition, sweep.num_trials)
-    if args.slurm:
-        return write_job(args, sweep)
+    if args.slurm:  # not over a sweep running here: its array tasks would run the same trials
+        with locked(sweep.sweep_dir / ".lock", wait=False):
+            return write_job(args, sweep)
     single = args.trial is not None  # array tasks run at the same time: no sweep-wide lock
     with contextlib.nullcontext() if single else locked(sweep.sweep_dir / ".lock", wait=False):
         setup_logging(None if single else sweep.sweep_dir)

@@ -272,6 +272,22 @@ def test_another_space_under_the_same_name_is_refused(make_config, capsys):
     assert "started with another base config" in capsys.readouterr().err
 
 
+def test_a_job_array_is_not_written_over_a_sweep_running_here(make_config, capsys):
+    """--slurm over the same sweep while a sweep.py runs it: its array tasks would run the
+    trials that one runs. Refused in one line, nothing written."""
+    from sweeps.results import locked
+
+    config = make_config(**TINY)
+    folder = sweep_dir(config, "busy")
+    folder.mkdir(parents=True)
+    with locked(folder / ".lock", wait=False):  # the sweep.py running it
+        argv = ["-c", str(config), "--name", "busy", "--grid", "seed=[1]", "--slurm"]
+        assert sweep.main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "another sweep.py is running this sweep" in error, error
+    assert not (folder / "sweep.sbatch").exists() and not (folder / "sweep.json").exists()
+
+
 @pytest.mark.parametrize("wait", [False, True])
 def test_a_sweep_lock_the_file_system_cannot_take_is_a_warning(tmp_path, monkeypatch, caplog, wait):
     """flock fails with ENOLCK on NFS or Lustre without locks: the sweep goes on unlocked and
