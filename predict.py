@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         one_process("predict.py", "print every row and write --out")
         if args.device is not None:  # before anything initialises CUDA (importing torch does not)
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
-        out = output_path(args.out, args.force)  # refused before the work, not after it
+        # Refused before the work, not after it; never the checkpoint, even with --force.
+        out = output_path(args.out, args.force, [args.resume])
         rows, num_inputs, flat = predict(args, out)
         if out is not None:
             try:

@@ -91,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def output_paths(args: argparse.Namespace) -> dict[str, Path]:
-    """--json and --confusion-png as paths to write ({flag: path}), each checked; refused when
-    one exists without --force (an earlier report is not lost to a rerun), or when both name
-    one file (the image would replace the report)."""
+    """--json and --confusion-png as checked paths ({flag: path}); refused when one exists without
+    --force (a report is not lost to a rerun), or both name one file (the image would replace it)."""
     from utils import UserError
     from utils.evaluation.predictions import writable_file
 
     named = {"--json": args.json, "--confusion-png": args.confusion_png}
-    paths = {flag: writable_file(flag, text) for flag, text in named.items() if text}
+    inputs = (args.resume, args.config)  # never replaced, even with --force
+    paths = {flag: writable_file(flag, text, inputs) for flag, text in named.items() if text}
     if len(paths) == 2 and os.path.realpath(args.json) == os.path.realpath(args.confusion_png):
         raise UserError(f"--json and --confusion-png: both name {args.json}")
     for flag, path in paths.items():

@@ -636,6 +636,66 @@ def test_test_py_force_replaces_an_existing_report(env, capsys):
     assert image.read_bytes().startswith(b"\x89PNG")
 
 
+# A run's files that no command's output may replace, even with --force: (the file, the
+# checkpoint the command reads). "a renamed input" is a copy of the checkpoint named like a report.
+PROTECTED = {
+    "the checkpoint read": lambda env: (env.checkpoint, env.checkpoint),
+    "another checkpoint": lambda env: (str(env.run_dir / "model_best.pth"), env.checkpoint),
+    "the run's config.json": lambda env: (str(env.run_dir / "config.json"), env.checkpoint),
+    "the run's latest": lambda env: (str(env.run_dir / "latest"), env.checkpoint),
+    "the run's info.log": lambda env: (
+        str(env.saved / "log" / RUN_NAME / "base" / "info.log"),
+        env.checkpoint,
+    ),
+    "a renamed input": lambda env: (
+        (copy := shutil.copy(env.checkpoint, env.tmp / "copy.json")),
+        copy,
+    ),
+}
+# Each command's output flag, and the arguments it needs besides -r and that flag.
+OUTPUT_FLAGS = {
+    "test --json": ("test", "--json", []),
+    "test --confusion-png": ("test", "--confusion-png", []),
+    "predict --out": ("predict", "--out", ["{tmp}/image.png"]),
+}
+
+
+@pytest.mark.parametrize("command", OUTPUT_FLAGS)
+@pytest.mark.parametrize("protected", PROTECTED)
+def test_no_output_replaces_a_run_file_or_an_input_even_with_force(env, capsys, command, protected):
+    """The invariant: whatever the command and the file, a run's checkpoint, config.json and
+    logs, and the checkpoint read, are never written over; the refusal is one line, exit 2."""
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), "red").save(env.tmp / "image.png")
+    script, flag, extra = OUTPUT_FLAGS[command]
+    target, checkpoint = PROTECTED[protected](env)
+    argv = ["-r", str(checkpoint), flag, str(target), "--force"]
+    argv += [text.format(tmp=env.tmp) for text in extra]
+    before = snapshot(env.tmp)
+
+    code = ENTRY_POINTS[script].main(argv)
+
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    assert_one_error_line(stderr, f"{flag} {target}: ")
+    assert snapshot(env.tmp) == before
+
+
+def test_test_py_json_over_its_own_checkpoint_is_refused(env, capsys):
+    """The case found: test.py --json CKPT --force wrote the report over the checkpoint."""
+    argv = ["-r", env.checkpoint, "--json", env.checkpoint, "--force"]
+
+    assert ENTRY_POINTS["test"].main(argv) == 2
+
+    assert_one_error_line(
+        capsys.readouterr().err,
+        f"--json {env.checkpoint}: is a run's file (a checkpoint, config.json or log); it is "
+        "not replaced, even with --force",
+    )
+    assert torch.load(env.checkpoint, weights_only=True)["epoch"] == 1
+
+
 def empty_classes(env: Env) -> str:
     """tmp/images with train/cat/ and train/dog/ but no image in them."""
     for name in ("cat", "dog"):

@@ -9,15 +9,26 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from utils.util import IMAGE_EXTENSIONS, UserError, describe_error, warn_unread_images
 
+# A run's own files, by name (utils/state/checkpoint.py, run_folder.py, logger/): no command's
+# output replaces one, even with --force, since a report written over a checkpoint, config.json
+# or a log would lose the run.
+RUN_FILES = (
+    *("*.pth", "config.json", "latest", ".lock", "result.json", "folds_summary.json"),
+    *("info.log", "metrics.csv", "steps.csv", "events.out.tfevents.*", "mlflow.db"),
+    *(".wandb-sent.json", ".mlflow-sent.json"),
+)
 
-def writable_file(flag: str, text: str) -> Path:
+
+def writable_file(flag: str, text: str, inputs: Sequence[str | None] = ()) -> Path:
     """The file a flag names, checked before any work so that a bad path is refused before
     anything is written: not a folder, in a folder that exists and that this process may
-    write in (files are written atomically: a new file there, renamed onto the name)."""
+    write in (files are written atomically: a new file there, renamed onto the name), and not
+    an existing run's file (RUN_FILES) nor one of `inputs` (the checkpoint, the config read)."""
     path = Path(text)
     if path.is_dir():
         raise UserError(f"{flag} {text}: is a folder")
@@ -25,20 +36,30 @@ def writable_file(flag: str, text: str) -> Path:
         raise UserError(f"{flag} {text}: folder {path.parent} not found")
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {text}: folder {path.parent} is not writable")
+    if path.is_file() and any(
+        file.match(name) for file in (path, path.resolve()) for name in RUN_FILES
+    ):
+        raise UserError(
+            f"{flag} {text}: is a run's file (a checkpoint, config.json or log); it is not "
+            "replaced, even with --force: name another file"
+        )
+    read = [Path(name) for name in inputs if name is not None]
+    if path.is_file() and any(file.is_file() and path.samefile(file) for file in read):
+        raise UserError(f"{flag} {text}: is an input; it is not replaced, even with --force")
     return path
 
 
-def output_path(out: str | None, force: bool) -> Path | None:
+def output_path(out: str | None, force: bool, inputs: Sequence[str | None] = ()) -> Path | None:
     """--out as a path to write, checked before any work: a .csv or .json file in a folder
-    that exists, not an existing file unless --force."""
+    that exists, not a run's file nor one of `inputs`, and not an existing file unless --force."""
     if out is None:
         return None
-    path = Path(out)
-    if path.suffix.lower() not in (".csv", ".json"):
+    if Path(out).suffix.lower() not in (".csv", ".json"):
         raise UserError(f"--out {out}: must end in .csv or .json")
-    if path.exists() and not path.is_dir() and not force:
+    path = writable_file("--out", out, inputs)
+    if path.exists() and not force:
         raise UserError(f"--out {out}: already exists; pass --force to replace it")
-    return writable_file("--out", out)
+    return path
 
 
 def output_folder(out_dir: str | None, loader_class: type) -> Path | None:
