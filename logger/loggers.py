@@ -5,6 +5,7 @@ import contextlib
 import importlib.util
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 
 # What the optional loggers import, and the package that provides it (requirements-extras.txt).
 # MLflow's SQLite store (the default tracking URI) also needs sqlalchemy and alembic.
+# In a checkpoint's logger_runs, beside the tracking run ids: the log folder they were sent from.
+LOG_DIR_KEY = "log_dir"
 PACKAGES = {"wandb": {"wandb": "wandb"}, "mlflow": {"mlflow": "mlflow-skinny"}}
 SQLITE_PACKAGES = {"sqlalchemy": "sqlalchemy", "alembic": "alembic"}
 
@@ -118,7 +121,7 @@ def open_loggers(trainer: "BaseTrainer") -> Loggers:
         epochs_done=trainer.state.epoch,
         batches_done=trainer.state.batches,
         start_step=trainer.state.global_step,
-        resumed_ids=trainer.resumed_logger_runs,
+        resumed_ids=resumed_ids(trainer.resumed_logger_runs, config.log_dir, logger),
     )
     opened = []
     for name in selected_loggers(config["trainer"]):
@@ -132,5 +135,25 @@ def open_loggers(trainer: "BaseTrainer") -> Loggers:
             )
     loggers = Loggers(opened, logger)
     # A tracker that could not start this time keeps its run for the next resume.
-    loggers.run_ids = {**trainer.resumed_logger_runs, **loggers.run_ids}
+    loggers.run_ids = {**run.resumed_ids, **loggers.run_ids}
+    if loggers.run_ids:  # the folder that sends to these runs, and marks what it sent
+        loggers.run_ids[LOG_DIR_KEY] = str(config.log_dir.resolve())
     return loggers
+
+
+def resumed_ids(saved: dict[str, str], log_dir: Path, logger: logging.Logger) -> dict[str, str]:
+    """The tracking runs a resume continues: the checkpoint's, unless they were sent to from
+    another log folder (a copied or moved run folder). The copy would write into the original's
+    tracking runs, and its log folder has no record of what they hold (.<name>-sent.json), so it
+    starts new ones. Checkpoints from before LOG_DIR_KEY continue theirs."""
+    ids = {name: run_id for name, run_id in saved.items() if name != LOG_DIR_KEY}
+    own = str(log_dir.resolve())
+    if ids and saved.get(LOG_DIR_KEY, own) != own:
+        logger.warning(
+            "The checkpoint's %s runs were logged from %s, not this run's log folder (a copied "
+            "or moved run folder): new ones start here.",
+            " and ".join(sorted(ids)),
+            saved[LOG_DIR_KEY],
+        )
+        return {}
+    return ids

@@ -3,15 +3,18 @@ after a resume, the confusion matrix (its math, test.py's report and image), and
 read back when installed."""
 
 import csv
+import importlib.machinery
 import importlib.util
 import json
 import logging
+import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -531,7 +534,7 @@ def test_wandb_and_mlflow_continue_their_run_and_hold_the_checkpoint_metrics(sto
         torch.load(run_dir / f"checkpoint-epoch{epoch}.pth", weights_only=True) for epoch in (1, 2)
     ]
     run_ids = states[-1]["logger_runs"]
-    assert set(run_ids) == {"wandb", "mlflow"}
+    assert set(run_ids) == {"wandb", "mlflow", "log_dir"}
 
     # W&B: one offline folder per part of the run, both with the run's id.
     log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN"
@@ -556,3 +559,52 @@ def test_wandb_and_mlflow_continue_their_run_and_hold_the_checkpoint_metrics(sto
         assert history == {state["global_step"]: state["metrics"][key] for state in states}
     artifacts = [item.path for item in client.list_artifacts(run.info.run_id, "val")]
     assert artifacts == ["val/confusion_matrix-step16.png"]
+
+
+def fake_wandb(inits: list[dict]) -> ModuleType:
+    """A stand-in for the wandb package that records each wandb.init call's arguments; a new
+    run (no id given) gets the id new-<n>."""
+
+    def init(**options) -> SimpleNamespace:
+        run_id = options["id"] or f"new-{len(inits)}"
+        inits.append(options)
+        return SimpleNamespace(
+            id=run_id,
+            define_metric=lambda *a, **k: None,
+            log=lambda row: None,
+            finish=lambda **k: None,
+        )
+
+    module = ModuleType("wandb")
+    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # find_spec finds it
+    module.init, module.Settings, module.Image = init, dict, lambda pixels: pixels
+    return module
+
+
+def test_a_copied_run_folder_starts_new_tracking_runs_and_the_original_continues_its_own(
+    stop_at, tmp_path, monkeypatch
+):
+    """cp -r run run2 and resume run2: it must not write into run's W&B run (run2's log folder
+    knows nothing of what that run holds); resuming run itself continues its run."""
+    inits: list[dict] = []
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb(inits))
+    run_dir = tmp_path / "saved" / RUN / "run"
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["trainer"].update(type="StopAt", loggers=["wandb"], tensorboard=False)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    stop = ["--set", "trainer.args.stop_at_step=11"]  # inside epoch 2
+    assert train.main(["-c", str(tmp_path / "config.json"), "--run-id", "run", *stop]) == 143
+    copy_dir = run_dir.with_name("run2")
+    shutil.copytree(run_dir, copy_dir)
+    go_on = ["--set", "trainer.args.stop_at_step=0"]
+
+    assert train.main(["-r", str(copy_dir / "checkpoint-epoch2-step11.pth"), *go_on]) == 0
+    assert train.main(["-r", str(run_dir / "checkpoint-epoch2-step11.pth"), *go_on]) == 0
+
+    assert [options["id"] for options in inits] == [None, None, "new-0"]
+    copy_runs = torch.load(copy_dir / "checkpoint-epoch2.pth", weights_only=True)["logger_runs"]
+    assert copy_runs["wandb"] == "new-1"
+    log = (tmp_path / "saved" / "log" / "Demo_CifarCNN" / "run2" / "info.log").read_text()
+    assert "(a copied or moved run folder): new ones start here." in log
+    runs = torch.load(run_dir / "checkpoint-epoch2.pth", weights_only=True)["logger_runs"]
+    assert runs["wandb"] == "new-0"
