@@ -260,7 +260,7 @@ class BaseTrainer(abc.ABC):
                 self.optimizer_step()
             sums.add(result, step)
             if step % self.options["log_step"] == 0 or step == last_step:
-                stop_signum = log_interval(self, epoch, step, sums, progress)
+                stop_signum = log_interval(self, epoch, step, sums, progress, ends_group)
             # Stop after this step when asked (at the end of an accumulation group): at once in
             # a single process; under torchrun at the interval where the ranks agreed on it.
             if not is_distributed():

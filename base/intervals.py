@@ -55,10 +55,16 @@ class Progress:
 
 
 def log_interval(
-    trainer: "BaseTrainer", epoch: int, step: int, sums: MetricSums, progress: Progress
+    trainer: "BaseTrainer",
+    epoch: int,
+    step: int,
+    sums: MetricSums,
+    progress: Progress,
+    ends_group: bool = True,
 ) -> int:
     """The one host-device sync of the loop, every log_step steps: the running loss, and
-    the fault and stop flags agreed by every rank. Returns the agreed stop signal (0: none)."""
+    the fault and stop flags agreed by every rank. Returns the agreed stop signal (0: none).
+    ends_group: whether this batch ended its accumulation group (made an optimizer step)."""
     interval, first_fault, stop_signum = sums.read_interval(trainer.stop.signum or 0)
     if first_fault:
         raise TrainingError(
@@ -78,7 +84,11 @@ def log_interval(
             trainer.flops_per_sample * samples / (now - progress.read_at)
         )
         progress.read_at, progress.read_samples = now, num_added
-    trainer.loggers.log_step(values, step=trainer.global_step, epoch=epoch, batch=step)
+    # A read inside an accumulation group is logged at the step the group makes, not the one
+    # before: a checkpoint (at a group's end, step S) then precedes every row at S + 1 on, which
+    # TensorBoard's purge_step of a resume hides from the part cut short, so no row shows twice.
+    at_step = trainer.global_step + (not ends_group)
+    trainer.loggers.log_step(values, step=at_step, epoch=epoch, batch=step)
     progress.update(step, interval_loss, sums.num_added)
     return stop_signum
 

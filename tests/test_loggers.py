@@ -2,6 +2,7 @@
 after a resume, the confusion matrix (its math, test.py's report and image), and W&B / MLflow
 read back when installed."""
 
+import contextlib
 import csv
 import importlib.machinery
 import importlib.util
@@ -18,8 +19,8 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
-from conftest import ENTRY_POINTS, ROOT, shrink
-from hypothesis import example, given, settings
+from conftest import ENTRY_POINTS, ROOT, Crash, shrink
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -608,3 +609,49 @@ def test_a_copied_run_folder_starts_new_tracking_runs_and_the_original_continues
     assert "(a copied or moved run folder): new ones start here." in log
     runs = torch.load(run_dir / "checkpoint-epoch2.pth", weights_only=True)["logger_runs"]
     assert runs["wandb"] == "new-0"
+
+
+def step_losses(tmp_path: Path, run_id: str, argv: list[str]) -> list[tuple[int, float]]:
+    """train.py's train/step_loss as TensorBoard shows it, after train.main(argv) (a Crash
+    of StopAt counts as the process dying)."""
+    with contextlib.suppress(Crash):
+        train.main(argv)
+    log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN" / run_id
+    time.sleep(1.1)  # the next event file sorts after this one (named by the second)
+    return read_scalars(log_dir, "train/step_loss")
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(log_step=st.integers(1, 3), accumulate=st.integers(2, 4), data=st.data())
+@example(log_step=1, accumulate=4, data=None)  # the case found: rows of epoch 2 at step 2
+def test_tensorboard_after_a_crash_and_resume_equals_an_uninterrupted_run(
+    stop_at, log_step, accumulate, data
+):
+    """Any log_step (also under the accumulation), any crash after epoch 1: TensorBoard shows
+    each row once, as an uninterrupted run logs it (values equal: the resume is exact)."""
+    steps_per_epoch = -(-8 // accumulate)  # 8 batches an epoch
+    extra = 2 if data is None else data.draw(st.integers(1, steps_per_epoch))
+    with tempfile.TemporaryDirectory() as folder:
+        tmp_path = Path(folder)
+        config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+        config["trainer"].update(
+            type="StopAt", epochs=2, log_step=log_step, grad_accum_steps=accumulate
+        )
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        whole = step_losses(tmp_path, "whole", ["-c", str(path), "--run-id", "whole"])
+        crash = ["--set", f"trainer.args.crash_at_step={steps_per_epoch + extra}"]
+        step_losses(tmp_path, "cut", ["-c", str(path), "--run-id", "cut", *crash])
+        run_dir = tmp_path / "saved" / RUN / "cut"
+        resume = [
+            "-r",
+            str(run_dir / "checkpoint-epoch1.pth"),
+            "--set",
+            "trainer.args.crash_at_step=0",
+        ]
+        resumed = step_losses(tmp_path, "cut", resume)
+    assert [step for step, _ in resumed] == [step for step, _ in whole]
+    assert [value for _, value in resumed] == pytest.approx([value for _, value in whole])
