@@ -68,6 +68,7 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
     config["data_loader"]["args"].update(num_train=640, validation_split=0.15)  # 96 val samples
     config["trainer"].update(verbosity=2)  # every rank logs its epoch line, tagged with its rank
+    config["trainer"]["loggers"] = ["tensorboard", "csv"]  # rank 0 alone writes either
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     return path
@@ -106,8 +107,18 @@ def test_two_processes_agree_and_write_one_set_of_outputs(two_process_run: dict)
     assert sorted(path.name for path in run_dir.iterdir()) == [
         "checkpoint-epoch1.pth", "checkpoint-epoch2.pth", "config.json", "latest", "model_best.pth"
     ]  # fmt: skip
-    info_log = (save_dir / "log" / "Demo_CifarCNN" / "ddp" / "info.log").read_text()
+    log_dir = save_dir / "log" / "Demo_CifarCNN" / "ddp"
+    info_log = (log_dir / "info.log").read_text()
     assert "epoch 2/2" in info_log and "[rank 1]" not in info_log
+    # One writer of each log: one event file, each epoch and log_step row once.
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1
+    epochs = [line.split(",")[0] for line in (log_dir / "metrics.csv").read_text().splitlines()]
+    assert epochs == ["epoch", "1", "2"]
+    steps = (log_dir / "steps.csv").read_text().splitlines()[1:]
+    rows = [tuple(line.split(",")[:2]) for line in steps]
+    assert len(rows) == len(set(rows)) and rows == sorted(
+        rows, key=lambda row: tuple(map(int, row))
+    )
     state = torch.load(run_dir / "checkpoint-epoch2.pth", weights_only=True)
     assert not any(key.startswith("module.") for key in state["model"])
     assert state["global_step"] == 2 * 9  # 544 samples / (32 x 2 ranks), rounded up
