@@ -88,6 +88,36 @@ def test_csv_logger_adds_a_new_key_as_a_column(tmp_path):
     assert lines == ["epoch,step,val/loss,val/ema_loss", "1,4,0.5,", "2,8,0.25,0.3"]
 
 
+@settings(max_examples=30, deadline=None)
+@given(num_epochs=st.integers(1, 5), data=st.data())
+def test_metrics_csv_cut_anywhere_by_a_crash_and_resumed_with_a_new_metric_reads_by_name(
+    num_epochs, data
+):
+    """A crash may cut metrics.csv at any byte; the resume (from the epochs whose rows are
+    whole) adds a row with a new metric: every row reads back by name with its own values, the
+    cut row dropped, no value shifted under another column."""
+    written = [{"val/loss": 1 / epoch, "lr": epoch / 8} for epoch in range(1, num_epochs + 1)]
+    with tempfile.TemporaryDirectory() as folder:
+        log_dir = Path(folder)
+        logger = CsvLogger(log_dir, 0, 0)
+        for epoch, metrics in enumerate(written, start=1):
+            logger.log_epoch(metrics, step=epoch * 10, epoch=epoch)
+        logger.close(finished=True)
+        text = (log_dir / "metrics.csv").read_bytes()
+        cut = data.draw(st.integers(0, len(text)))
+        (log_dir / "metrics.csv").write_bytes(text[:cut])
+        whole = max(text[:cut].count(b"\n") - 1, 0)  # rows ending in a newline, less the header
+        logger = CsvLogger(log_dir, whole, 0)
+        logger.log_epoch({"val/new": 7.0, "val/loss": 0.5}, step=99, epoch=whole + 1)
+        logger.close(finished=True)
+        rows = read_csv(log_dir / "metrics.csv")
+    assert [int(row["epoch"]) for row in rows] == list(range(1, whole + 2))
+    for row, metrics in zip(rows, written[:whole], strict=False):
+        assert float(row["val/loss"]) == metrics["val/loss"] and float(row["lr"]) == metrics["lr"]
+        assert row["val/new"] == ""
+    assert (rows[-1]["val/new"], rows[-1]["val/loss"], rows[-1]["step"]) == ("7.0", "0.5", "99")
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.data())
 def test_metrics_csv_holds_each_epoch_once_its_values_exact_under_their_own_keys(data):
