@@ -682,6 +682,21 @@ def test_no_output_replaces_a_run_file_or_an_input_even_with_force(env, capsys, 
     assert snapshot(env.tmp) == before
 
 
+@pytest.mark.parametrize("name", ["result.json", "metrics.csv"])
+def test_a_report_named_like_a_run_file_outside_a_run_is_replaced_with_force(env, capsys, name):
+    """Only in a run's (or its log's) folder is result.json or metrics.csv the run's own: a
+    user's report of that name elsewhere is replaced with --force, as any report."""
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), "red").save(env.tmp / "image.png")
+    report = Path(env.write(name, "old\n"))
+    argv = ["-r", env.checkpoint, str(env.tmp / "image.png"), "--out", str(report), "--force"]
+
+    assert ENTRY_POINTS["predict"].main(argv) == 0, capsys.readouterr().err
+
+    assert report.read_text() != "old\n"
+
+
 def test_test_py_json_over_its_own_checkpoint_is_refused(env, capsys):
     """The case found: test.py --json CKPT --force wrote the report over the checkpoint."""
     argv = ["-r", env.checkpoint, "--json", env.checkpoint, "--force"]

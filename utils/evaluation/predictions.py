@@ -16,19 +16,30 @@ from utils.util import IMAGE_EXTENSIONS, UserError, describe_error, warn_unread_
 
 # A run's own files, by name (utils/state/checkpoint.py, run_folder.py, logger/): no command's
 # output replaces one, even with --force, since a report written over a checkpoint, config.json
-# or a log would lose the run.
+# or a log would lose the run. These wherever they lie; RUN_FOLDER_FILES, names a report may
+# also have (result.json), only in a run's folder (it holds config.json) or log folder (info.log).
 RUN_FILES = (
-    *("*.pth", "config.json", "latest", ".lock", "result.json", "folds_summary.json"),
-    *("info.log", "metrics.csv", "steps.csv", "events.out.tfevents.*", "mlflow.db"),
+    *("*.pth", "config.json", "folds_summary.json", "events.out.tfevents.*", "mlflow.db"),
     *(".wandb-sent.json", ".mlflow-sent.json"),
 )
+RUN_FOLDER_FILES = ("latest", ".lock", "result.json", "info.log", "metrics.csv", "steps.csv")
+
+
+def is_run_file(path: Path) -> bool:
+    """`path` (or the file it links to) is one of a run's own files."""
+    for file in (path, path.resolve()):
+        in_run = any((file.parent / name).is_file() for name in ("config.json", "info.log"))
+        names = RUN_FILES + RUN_FOLDER_FILES if in_run else RUN_FILES
+        if any(file.match(name) for name in names):
+            return True
+    return False
 
 
 def writable_file(flag: str, text: str, inputs: Sequence[str | None] = ()) -> Path:
     """The file a flag names, checked before any work so that a bad path is refused before
     anything is written: not a folder, in a folder that exists and that this process may
     write in (files are written atomically: a new file there, renamed onto the name), and not
-    an existing run's file (RUN_FILES) nor one of `inputs` (the checkpoint, the config read)."""
+    an existing run's file (is_run_file) nor one of `inputs` (the checkpoint, the config read)."""
     path = Path(text)
     if path.is_dir():
         raise UserError(f"{flag} {text}: is a folder")
@@ -36,9 +47,7 @@ def writable_file(flag: str, text: str, inputs: Sequence[str | None] = ()) -> Pa
         raise UserError(f"{flag} {text}: folder {path.parent} not found")
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {text}: folder {path.parent} is not writable")
-    if path.is_file() and any(
-        file.match(name) for file in (path, path.resolve()) for name in RUN_FILES
-    ):
+    if path.is_file() and is_run_file(path):
         raise UserError(
             f"{flag} {text}: is a run's file (a checkpoint, config.json or log); it is not "
             "replaced, even with --force: name another file"
