@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 # What the optional loggers import, and the package that provides it (requirements-extras.txt).
 # MLflow's SQLite store (the default tracking URI) also needs sqlalchemy and alembic.
-# In a checkpoint's logger_runs, beside the tracking run ids: the log folder they were sent from.
-LOG_DIR_KEY = "log_dir"
 PACKAGES = {"wandb": {"wandb": "wandb"}, "mlflow": {"mlflow": "mlflow-skinny"}}
 SQLITE_PACKAGES = {"sqlalchemy": "sqlalchemy", "alembic": "alembic"}
+# In a checkpoint's logger_runs, beside the tracking run ids: the log folder they were sent from.
+LOG_DIR_KEY = "log_dir"
 
 
 def selected_loggers(options: dict) -> list[str]:
