@@ -647,6 +647,10 @@ PROTECTED = {
         str(env.saved / "log" / RUN_NAME / "base" / "info.log"),
         env.checkpoint,
     ),
+    "a fold's result.json not yet written": lambda env: (
+        str(env.run_dir / "result.json"),
+        env.checkpoint,
+    ),
     "a renamed input": lambda env: (
         (copy := shutil.copy(env.checkpoint, env.tmp / "copy.json")),
         copy,
@@ -705,8 +709,8 @@ def test_test_py_json_over_its_own_checkpoint_is_refused(env, capsys):
 
     assert_one_error_line(
         capsys.readouterr().err,
-        f"--json {env.checkpoint}: is a run's file (a checkpoint, config.json or log); it is "
-        "not replaced, even with --force",
+        f"--json {env.checkpoint}: names a run's file (a checkpoint, config.json or log); it "
+        "is not written, even with --force",
     )
     assert torch.load(env.checkpoint, weights_only=True)["epoch"] == 1
 

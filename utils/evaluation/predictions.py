@@ -26,7 +26,7 @@ RUN_FOLDER_FILES = ("latest", ".lock", "result.json", "info.log", "metrics.csv",
 
 
 def is_run_file(path: Path) -> bool:
-    """`path` (or the file it links to) is one of a run's own files."""
+    """`path` (or the file it links to) is, or would be taken for, one of a run's own files."""
     for file in (path, path.resolve()):
         in_run = any((file.parent / name).is_file() for name in ("config.json", "info.log"))
         names = RUN_FILES + RUN_FOLDER_FILES if in_run else RUN_FILES
@@ -39,7 +39,7 @@ def writable_file(flag: str, text: str, inputs: Sequence[str | None] = ()) -> Pa
     """The file a flag names, checked before any work so that a bad path is refused before
     anything is written: not a folder, in a folder that exists and that this process may
     write in (files are written atomically: a new file there, renamed onto the name), and not
-    an existing run's file (is_run_file) nor one of `inputs` (the checkpoint, the config read)."""
+    a run's file (is_run_file) nor one of `inputs` (the checkpoint, the config read)."""
     path = Path(text)
     if path.is_dir():
         raise UserError(f"{flag} {text}: is a folder")
@@ -47,10 +47,10 @@ def writable_file(flag: str, text: str, inputs: Sequence[str | None] = ()) -> Pa
         raise UserError(f"{flag} {text}: folder {path.parent} not found")
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {text}: folder {path.parent} is not writable")
-    if path.is_file() and is_run_file(path):
+    if is_run_file(path):  # also one not written yet: a fold's result.json, say
         raise UserError(
-            f"{flag} {text}: is a run's file (a checkpoint, config.json or log); it is not "
-            "replaced, even with --force: name another file"
+            f"{flag} {text}: names a run's file (a checkpoint, config.json or log); it is not "
+            "written, even with --force: name another file"
         )
     read = [Path(name) for name in inputs if name is not None]
     if path.is_file() and any(file.is_file() and path.samefile(file) for file in read):
