@@ -36,6 +36,7 @@ from data_loader.tasks.detection import DetectionDataLoader, write_detection
 from model.detector import TinyDetector
 from model.loss import sum_of_losses
 from model.metric import accuracy
+from model.torchvision_model import check_classifier
 from utils.evaluation.metric_sums import MetricSums, StepOutput
 from utils.util import ConfigValueError, DataError
 
@@ -688,3 +689,10 @@ def test_batch_mixing_of_a_detector_is_refused_in_one_line(data_dir, tmp_path, m
 
 def test_tiny_detector_refuses_a_number_of_classes_that_is_no_count():
     assert_refuses_numbers_of_classes_that_are_no_count("TinyDetector", {"width": 4})
+
+
+def test_a_torchvision_detector_is_refused_naming_the_detection_tasks_model():
+    """TorchvisionModel refuses torchvision's detectors (tests/test_transfer.py) and points at
+    the model that does the task here."""
+    with pytest.raises(ConfigValueError, match="the detection task's model is TinyDetector"):
+        check_classifier("fasterrcnn_resnet50_fpn")
