@@ -8,9 +8,8 @@ docs (tests/test_docs.py fails until you do). At run time the config stays a pla
 (config["trainer"]["epochs"]); checks across several keys live in utils/config/load_config.py.
 """
 
+import argparse
 import dataclasses
-import inspect
-import json
 import re
 import sys
 from pathlib import Path
@@ -39,10 +38,10 @@ from utils.config.config_checks import (
     STRATEGY,
     STRING,
     VALIDATION_SPLIT,
-    Marker,
     key,
     optional,
 )
+from utils.config.schema_docs import MARKED_TABLE, markdown_table, marked_tables
 from utils.config.trainer_schema import TrainerConfig
 
 
@@ -252,24 +251,6 @@ TABLES: dict[str, type] = {
     "optimizer.args": OptimizerArgs,
     "loss.args": LossArgs,
 }
-MARKED_TABLE = re.compile(r"(<!-- schema: (\S+) -->\n)(.*?)(<!-- /schema -->)", re.DOTALL)
-
-
-def markdown_table(schema: type) -> str:
-    """The keys `schema` declares itself as a table: key, default (as JSON), meaning."""
-    lines = ["| key | default | meaning |", "|---|---|---|"]
-    declared = inspect.get_annotations(schema)  # not the fields it inherits
-    for item in (item for item in dataclasses.fields(schema) if item.name in declared):
-        default = item.metadata["default"]
-        shown = default.label if isinstance(default, Marker) else f"`{json.dumps(default)}`"
-        meaning = item.metadata["doc"].replace("|", "\\|")
-        lines.append(f"| `{item.name}` | {shown} | {meaning} |")
-    return "\n".join(lines) + "\n"
-
-
-def marked_tables(text: str) -> list[str]:
-    """The names of the tables marked in `text`, in order."""
-    return [match.group(2) for match in MARKED_TABLE.finditer(text)]
 
 
 def render_docs(text: str) -> str:
@@ -286,7 +267,10 @@ def render_docs(text: str) -> str:
 
 def main(path: Path) -> int:
     """Regenerate the marked tables of `path` in place; 1 when a table has no marker there."""
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SystemExit(f"{path}: cannot read ({error.strerror})") from None
     path.write_text(render_docs(text), encoding="utf-8")
     missing = [name for name in TABLES if name not in marked_tables(text)]
     if missing:
@@ -295,5 +279,6 @@ def main(path: Path) -> int:
 
 
 if __name__ == "__main__":
-    # python config_schema.py docs/config.md
-    sys.exit(main(Path(sys.argv[1])))
+    parser = argparse.ArgumentParser(description="Regenerate the key tables of docs/config.md.")
+    parser.add_argument("path", type=Path, help="the Markdown file to update, e.g. docs/config.md")
+    sys.exit(main(parser.parse_args().path))

@@ -9,7 +9,8 @@ from conftest import ROOT, run_script
 
 import config_schema
 from base.base_data_loader import BaseDataLoader
-from config_schema import OPTIONAL, REQUIRED, TABLES, Config, DataLoaderArgs, Marker
+from config_schema import OPTIONAL, REQUIRED, TABLES, Config, DataLoaderArgs
+from utils.config.config_checks import Marker
 
 DOCS = ROOT / "docs" / "config.md"
 
@@ -119,3 +120,22 @@ def test_the_command_reports_a_missing_table(tmp_path, capsys):
     assert config_schema.main(path) == 1
     assert "no <!-- schema: NAME --> table for top-level, section" in capsys.readouterr().err
     assert "| `epochs` | required |" in path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [([], "usage: config_schema.py"), (["missing.md"], "missing.md: cannot read")],
+)
+def test_the_command_reports_a_wrong_call_in_one_line(tmp_path, argv, expected):
+    # No argument, or a file that is not there: a usage line or one-line error, not a traceback.
+    result = run_script(str(ROOT / "config_schema.py"), *argv, cwd=tmp_path)
+    assert result.returncode != 0
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_command_has_help(tmp_path):
+    result = run_script(str(ROOT / "config_schema.py"), "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "usage: config_schema.py" in result.stdout
+    assert not (tmp_path / "--help").exists()
