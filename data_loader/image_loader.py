@@ -79,8 +79,10 @@ class ImageDataLoader(BaseDataLoader):
             ("eval_image_size", eval_image_size),
             ("eval_resize_size", eval_resize_size),
         ):
-            if value is not None and not (isinstance(value, int) and value > 0):
-                raise ConfigValueError(f"{name} must be a positive integer or null, got {value!r}")
+            # 2, not 1: torch's antialiased uint8 resize of an array image to 1 x 1 fails an
+            # internal assertion at the first batch, and one pixel leaves nothing to learn.
+            if value is not None and not (isinstance(value, int) and value >= 2):
+                raise ConfigValueError(f"{name} must be an integer >= 2 or null, got {value!r}")
         if auto_augment is not None and auto_augment not in AUTO_AUGMENT:
             raise ConfigValueError(
                 f"auto_augment must be one of {', '.join(AUTO_AUGMENT)} or null, got {auto_augment!r}"

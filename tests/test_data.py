@@ -30,7 +30,7 @@ from data_loader.data_loaders import (
 from data_loader.image_files import load_image
 from data_loader.noisy_shapes import NoisyShapesDataLoader
 from data_loader.synthetic import CLASS_NAMES, SyntheticShapes, generate
-from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD, cifar_transform
+from data_loader.transforms import CIFAR10_MEAN, CIFAR10_STD, PRESETS, cifar_transform
 from utils import ConfigValueError, derive_seed
 from utils.data import splits as data_splits
 from utils.data.sampler import alternating_flips
@@ -472,6 +472,33 @@ def test_cifar10_validation_split(cifar_dir, pipeline):
     assert val_labels.tolist() == [int(index) % 10 for index in val]
 
 
+def test_an_image_size_of_one_is_refused_in_one_line(cifar_dir):
+    # It was torch's internal assertion (num_channels == unpacked_output.size(0)) at the first
+    # batch: the antialiased uint8 resize of a CHW array image to 1 x 1.
+    with pytest.raises(
+        ConfigValueError, match=r"^image_size must be an integer >= 2 or null, got 1$"
+    ):
+        cifar(cifar_dir, image_size=1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    preset=st.sampled_from(["cifar", "imagenet"]),
+    augment=st.booleans(),
+    size=st.integers(2, 8),
+    shape=st.tuples(st.integers(1, 40), st.integers(1, 40)),
+    as_pil=st.booleans(),
+)
+def test_every_accepted_size_transforms_any_image_to_that_size(
+    preset, augment, size, shape, as_pil
+):
+    # The arrays of the CIFAR loaders and the PIL images of ImageFolder, square or not.
+    pixels = np.random.default_rng(0).integers(0, 256, size=(*shape, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels) if as_pil else pixels
+    transform = PRESETS[preset](augment, image_size=size)
+    assert transform(image).shape == (3, size, size)
+
+
 def test_cifar10_missing_folder_says_where_and_what_to_run(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(DataError) as error:
@@ -531,6 +558,38 @@ def test_image_folder_presets_give_the_configured_size(tmp_path, preset, image_s
     # Evaluation must give the same size as training: the model's in_shape depends on it.
     val_images, _ = all_batches(data.val_loader())
     assert val_images.shape == (9, 3, size, size)
+
+
+@pytest.fixture(scope="module")
+def square_folder(tmp_path_factory) -> Path:
+    # Square images: torch's antialiased uint8 resize fails on them at a 1 x 1 output.
+    return make_image_folder(tmp_path_factory.mktemp("images"), {"train": CLASSES, "val": CLASSES})
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    preset=st.sampled_from(["cifar", "imagenet"]),
+    pipeline=st.sampled_from(["dataloader", "device"]),
+    image_size=st.integers(1, 8),
+    eval_image_size=st.none() | st.integers(1, 8),
+)
+def test_every_image_size_gives_its_batches_or_is_refused_in_one_line(
+    square_folder, preset, pipeline, image_size, eval_image_size
+):
+    # A size is refused when the loader is built, never at the first batch with torch's traceback.
+    sizes = {"image_size": image_size, "eval_image_size": eval_image_size}
+    if preset == "imagenet":
+        pipeline = "dataloader"  # the device pipeline is cifar's only
+    if min(size for size in sizes.values() if size is not None) < 2:
+        with pytest.raises(ConfigValueError, match=r"^\w+ must be an integer >= 2 or null, got 1$"):
+            image_folder(square_folder, preset=preset, pipeline=pipeline, **sizes)
+        return
+    data = image_folder(square_folder, preset=preset, pipeline=pipeline, **sizes)
+    train_images, _ = all_batches(data.train_loader())
+    val_images, _ = all_batches(data.val_loader())
+    assert train_images.shape[-2:] == (image_size, image_size)
+    crop = eval_image_size or image_size
+    assert val_images.shape[-2:] == (crop, crop)
 
 
 @pytest.mark.parametrize("path", FOLDER_PATHS)
