@@ -100,15 +100,17 @@ def train(
     config: "ConfigParser",
     info: "ProcessInfo",
     device: "torch.device",
-    finish: "Callable[[ConfigParser], dict | None] | None" = None,
+    finish: "Callable[[ConfigParser, int | None], dict | None] | None" = None,
 ) -> dict | None:
-    """Train the run; then finish(config) on rank 0 (a cross-validation's fold result and
-    summary) and return what it returns (None on the other ranks, and without `finish`)."""
+    """Train the run; then finish(config, number of validation samples) on rank 0 (a
+    cross-validation's fold result and summary) and return what it returns (None on the other
+    ranks, and without `finish`)."""
     import contextlib
 
     from build import build_trainer
     from logger import setup_logging
     from utils import configure_torch, seed_everything
+    from utils.data.batches import num_samples
     from utils.distributed.process_group import broadcast_object, on_rank0, said_by_rank0
     from utils.state.run_folder import default_run_id, find_resume_point, prepare_run_folder
 
@@ -139,7 +141,12 @@ def train(
         setup_logging(config.log_dir, verbosity=verbosity, rank=info.rank)
         trainer.fit()
         # Still under the lock: no other start takes the folder while these files are written.
-        return finish(config) if finish is not None and info.is_main else None
+        if finish is None or not info.is_main:
+            return None
+        # The fold's count, which the summary weighs its means by (not in the checkpoint).
+        return finish(
+            config, num_samples(trainer.val_loader) if trainer.val_loader is not None else None
+        )
 
 
 if __name__ == "__main__":

@@ -120,7 +120,9 @@ def best_value(run_dir: Path, key: str) -> tuple[float | None, int | None]:
     path = run_dir / "model_best.pth"
     if not path.is_file() and (run_dir / SUMMARY).is_file():
         metrics = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))["metrics"]
-        return (metrics[key]["mean"] if key in metrics else None), None
+        # "mean" in a summary written before it also held the pooled value
+        values = metrics.get(key, {})
+        return values.get("mean_over_folds", values.get("mean")), None
     if not path.is_file():
         return None, None
     try:

@@ -11,15 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import ROOT, run_main, shrink
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sklearn import metrics as sk_metrics
 
 import data_loader.data_loaders as data_module
 import train
 import utils.state.folds as folds_module
+from model.metric import accuracy, top_k_acc
 from parse_config import ConfigParser
 from utils.distributed.process_group import ProcessInfo
+from utils.evaluation.metric_sums import MetricSums, StepOutput
 from utils.state.folds import RESULT, SUMMARY, summarize_folds, summary_lines
 
 RUN = Path("models") / "Demo_CifarCNN"
@@ -62,12 +66,22 @@ def test_k_fold_writes_fold_folders_and_a_summary_of_their_best_values(cross_val
     for key, values in summary["metrics"].items():
         expected = [best_metrics(run_dir / name)[key] for name in folds]
         assert values["folds"] == expected
-        assert values["mean"] == pytest.approx(statistics.fmean(expected))
-        assert values["std"] == pytest.approx(statistics.stdev(expected))
+        assert values["mean_over_folds"] == pytest.approx(statistics.fmean(expected))
+        assert values["std_over_folds"] == pytest.approx(statistics.stdev(expected))
+        # 320 samples, the validation folds' sizes differ: each fold's mean weighs its samples.
+        counts = [json.loads((run_dir / name / RESULT).read_text())["num_val_samples"]
+                  for name in folds]  # fmt: skip
+        assert sorted(counts) == [106, 107, 107]
+        pooled = sum(v * n for v, n in zip(expected, counts, strict=True)) / sum(counts)
+        assert values["pooled"] == pytest.approx(pooled, rel=1e-12)
+    assert summary["not_pooled"] == {}
     # The same numbers in the run's own log, below the folds' logs.
     info_log = (log_dir / "info.log").read_text()
-    mean = summary["metrics"]["val/accuracy"]["mean"]
-    assert f"val/accuracy         {mean:.4f} +- " in info_log
+    accuracy = summary["metrics"]["val/accuracy"]
+    assert (
+        f"val/accuracy         pooled {accuracy['pooled']:.4f}   mean over folds "
+        f"{accuracy['mean_over_folds']:.4f} +- "
+    ) in info_log
     assert "Cross-validation over 3 folds" in cross_validated["stdout"]
 
 
@@ -140,12 +154,161 @@ def test_summary_lines():
     summary = {
         "num_folds": 2,
         "monitor": "min val/loss",
-        "metrics": {"val/loss": {"mean": 0.5, "std": 0.25, "folds": [0.25, 0.75]}},
+        "metrics": {
+            "val/loss": {
+                "pooled": 0.45,
+                "mean_over_folds": 0.5,
+                "std_over_folds": 0.25,
+                "folds": [0.25, 0.75],
+            },
+            "val/f1": {"mean_over_folds": 0.5, "std_over_folds": 0.0, "folds": [0.5, 0.5]},
+        },
+        "not_pooled": {"val/f1": "not a mean over samples"},
     }
     assert summary_lines(summary) == [
         "Cross-validation over 2 folds (best epoch of each fold, monitor min val/loss):",
-        "  val/loss             0.5000 +- 0.2500  (folds: 0.2500 0.7500)",
+        "  val/loss             pooled 0.4500   mean over folds 0.5000 +- 0.2500  "
+        "(folds: 0.2500 0.7500)",
+        "  val/f1               pooled n/a      mean over folds 0.5000 +- 0.0000  "
+        "(folds: 0.5000 0.5000)",
+        "  not pooled over samples, mean over folds only: val/f1 (not a mean over samples)",
     ]
+
+
+def write_results(run_dir: Path, fold_metrics: list[dict], entries: list) -> None:
+    """fold-<i>/result.json as write_fold_result writes it, for these metrics of each fold."""
+    for fold, metrics in enumerate(fold_metrics):
+        (run_dir / f"fold-{fold}").mkdir(parents=True, exist_ok=True)
+        metrics = dict(metrics)  # the checkpoint has no val/num_samples: the result has it
+        num_val_samples = int(metrics.pop("val/num_samples"))
+        result = {"fold": fold, "checkpoint": "model_best.pth", "epoch": 1, "metrics": metrics,
+                  "num_val_samples": num_val_samples,
+                  "sample_means": folds_module.sample_mean_keys(entries, metrics)}  # fmt: skip
+        (run_dir / f"fold-{fold}" / RESULT).write_text(json.dumps(result))
+
+
+def fold_metrics(steps: list[StepOutput], metric_fns: dict) -> dict:
+    """A fold's validation metrics as the engine computes them from its batches."""
+    sums = MetricSums(metric_fns, torch.device("cpu"))
+    for step in steps:
+        sums.add(step)
+    return sums.result("val")
+
+
+def batches(num_samples: int, batch_size: int) -> list[slice]:
+    return [slice(i, min(i + batch_size, num_samples)) for i in range(0, num_samples, batch_size)]
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    num_folds=st.integers(2, 5),
+    num_samples=st.integers(10, 60),
+    num_classes=st.integers(4, 6),
+    batch_size=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_pooled_metrics_are_sklearns_on_the_concatenated_out_of_fold_predictions(
+    tmp_path, num_folds, num_samples, num_classes, batch_size, seed
+):
+    """Folds a sample apart in size: the pooled loss, accuracy and top-k accuracy equal
+    scikit-learn's over every fold's validation samples at once, whatever the batches."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(num_samples, num_classes, generator=generator, dtype=torch.float64)
+    labels = torch.randint(num_classes, (num_samples,), generator=generator)
+    # Fold i takes every num_folds-th sample from i: sizes differ by at most one.
+    folds = [torch.arange(fold, num_samples, num_folds) for fold in range(num_folds)]
+    metric_fns = {"accuracy": accuracy, "top_k_acc": top_k_acc}
+    per_fold = []
+    for indices in folds:
+        output, target = logits[indices], labels[indices]
+        steps = [
+            StepOutput(F.cross_entropy(output[part], target[part]), output[part], target[part])
+            for part in batches(len(indices), batch_size)
+        ]
+        per_fold.append(fold_metrics(steps, metric_fns))
+    run_dir = tmp_path / f"run-{seed}-{num_folds}-{num_samples}-{batch_size}"
+    write_results(run_dir, per_fold, list(metric_fns))
+    summary = summarize_folds(run_dir, num_folds, ("max", "val/accuracy"))["metrics"]
+
+    order = torch.cat(folds)  # the out-of-fold predictions, fold after fold
+    output, target = logits[order].numpy(), labels[order].numpy()
+    probabilities = torch.softmax(logits[order], dim=1).numpy()
+    classes = list(range(num_classes))
+    expected = {
+        "val/accuracy": sk_metrics.accuracy_score(target, output.argmax(axis=1)),
+        "val/top_k_acc": sk_metrics.top_k_accuracy_score(target, output, k=3, labels=classes),
+        "val/loss": sk_metrics.log_loss(target, probabilities, labels=classes),
+    }
+    for key, value in expected.items():
+        assert summary[key]["pooled"] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(num_folds=st.integers(2, 4), num_samples=st.integers(5, 40), seed=st.integers(0, 2**16))
+def test_a_pooled_mse_or_mae_loss_is_sklearns(tmp_path, num_folds, num_samples, seed):
+    generator = torch.Generator().manual_seed(seed)
+    output = torch.randn(num_samples, generator=generator, dtype=torch.float64)
+    target = torch.randn(num_samples, generator=generator, dtype=torch.float64)
+    folds = [torch.arange(fold, num_samples, num_folds) for fold in range(num_folds)]
+    order = torch.cat(folds)
+    for name, loss, reference in [
+        ("mse", F.mse_loss, sk_metrics.mean_squared_error),
+        ("mae", F.l1_loss, sk_metrics.mean_absolute_error),
+    ]:
+        per_fold = [
+            fold_metrics([StepOutput(loss(output[i], target[i]), None, target[i])], {})
+            for i in folds
+        ]
+        run_dir = tmp_path / f"{name}-{seed}-{num_folds}-{num_samples}"
+        write_results(run_dir, per_fold, [])
+        pooled = summarize_folds(run_dir, num_folds, ("min", "val/loss"))["metrics"]["val/loss"]
+        expected = reference(target[order].numpy(), output[order].numpy())
+        assert pooled["pooled"] == pytest.approx(expected, rel=1e-9), name
+
+
+def test_the_pooled_accuracy_of_uneven_folds_is_not_the_mean_of_their_accuracies(tmp_path):
+    """3, 3 and 2 samples, 1 + 1 + 1 right: 3/8 over all samples, where the folds' mean is 7/18."""
+    per_fold = [
+        {"val/loss": 1.0, "val/accuracy": 1 / 3, "val/num_samples": 3.0},
+        {"val/loss": 1.0, "val/accuracy": 1 / 3, "val/num_samples": 3.0},
+        {"val/loss": 4.0, "val/accuracy": 1 / 2, "val/num_samples": 2.0},
+    ]
+    write_results(tmp_path, per_fold, ["accuracy", "F1"])
+    summary = summarize_folds(tmp_path, 3, ("max", "val/accuracy"))
+    accuracy = summary["metrics"]["val/accuracy"]
+    assert accuracy["pooled"] == pytest.approx(3 / 8)
+    assert accuracy["mean_over_folds"] == pytest.approx(7 / 18)
+    assert summary["metrics"]["val/loss"]["pooled"] == pytest.approx(14 / 8)
+
+
+def test_a_stateful_metric_and_results_from_before_pooling_are_named_not_pooled(tmp_path):
+    """F1 is not a mean over samples; a result.json written before the summary pooled has no
+    sample_means: both keep their mean over folds, and one line names them."""
+    per_fold = [{"val/loss": 1.0, "val/f1": 0.5, "val/num_samples": 3.0}] * 2
+    write_results(tmp_path, per_fold, ["F1"])
+    summary = summarize_folds(tmp_path, 2, ("max", "val/f1"))
+    assert summary["not_pooled"] == {"val/f1": "not a mean over samples"}
+    assert summary["metrics"]["val/f1"]["mean_over_folds"] == 0.5
+    assert summary["metrics"]["val/loss"]["pooled"] == 1.0
+
+    old = json.loads((tmp_path / "fold-1" / RESULT).read_text())
+    del old["sample_means"]
+    (tmp_path / "fold-1" / RESULT).write_text(json.dumps(old))
+    summary = summarize_folds(tmp_path, 2, ("max", "val/f1"))
+    assert summary["not_pooled"] == {
+        "val/f1": "not a mean over samples",  # fold 0 says so
+        "val/loss": f"fold-1/{RESULT} predates pooling",
+    }
+    assert "pooled" not in summary["metrics"]["val/loss"]
+    assert summary["metrics"]["val/loss"]["mean_over_folds"] == 1.0
+    assert summary_lines(summary)[-1] == (
+        "  not pooled over samples, mean over folds only: val/f1 (not a mean over samples); "
+        f"val/loss (fold-1/{RESULT} predates pooling)"
+    )
 
 
 def test_each_fold_has_its_folder_inside_the_run(make_config, tmp_path):

@@ -2,13 +2,16 @@
 
 A run of K folds keeps fold i in <run folder>/fold-<i>/. A fold is finished when its training
 returned (it ran to its last epoch or stopped early): train.py then writes fold-<i>/result.json.
-Once every fold has one, folds_summary.json in the run folder gives the mean and standard
-deviation over the folds; so folds run one at a time (--fold i) are summarised by the last to
-finish, wherever it ran.
+Once every fold has one, folds_summary.json in the run folder gives, per metric, its value
+pooled over every fold's validation samples (for means over samples) and the mean and standard
+deviation of the folds' values; so folds run one at a time (--fold i) are summarised by the last
+to finish, wherever it ran.
 """
 
+import inspect
 import json
 import logging
+import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+import model.metric as metric_module
+from utils.config.config_checks import metric_names
 from utils.distributed.process_group import ProcessInfo, broadcast_object
 from utils.state.checkpoint import load_checkpoint, write_text_atomic
 from utils.state.run_folder import SUMMARY, default_run_id
@@ -27,9 +32,10 @@ if TYPE_CHECKING:
 RESULT = "result.json"
 
 
-def write_fold_result(config: "ConfigParser") -> dict:
+def write_fold_result(config: "ConfigParser", num_val_samples: int | None) -> dict:
     """Record a finished fold: the epoch and metrics of its model_best.pth (of its last
-    checkpoint when trainer.monitor is off). Returns what was written."""
+    checkpoint when trainer.monitor is off), its number of validation samples (None: not known)
+    and which metrics are means over them, which the summary pools. Returns what was written."""
     checkpoint_dir = config.checkpoint_dir
     best = checkpoint_dir / "model_best.pth"
     use_best = config.monitor_mode != "off" and best.is_file()
@@ -40,14 +46,54 @@ def write_fold_result(config: "ConfigParser") -> dict:
         "checkpoint": path.name,
         "epoch": state["epoch"],
         "metrics": state["metrics"],
+        "num_val_samples": num_val_samples,
+        "sample_means": sample_mean_keys(config["metrics"], state["metrics"]),
     }
     write_text_atomic(checkpoint_dir / RESULT, json.dumps(result, indent=4) + "\n")
     return result
 
 
+def sample_mean_keys(entries: list, metrics: dict[str, float]) -> list[str]:
+    """The val/ keys of `metrics` that are means over the validation samples: the loss and every
+    metric given as a function (model/metric.py: a per-sample sum over num_samples), also of the
+    averaged weights (val/ema_<name>). A StatefulMetric (F1, R2, RMSE) or a torchmetrics class
+    is not one, and the checkpoint keeps its value, not the sums it would pool from."""
+    functions = {
+        name
+        for name, entry in zip(metric_names(entries), entries, strict=True)
+        if not inspect.isclass(
+            getattr(metric_module, entry if isinstance(entry, str) else entry["type"], None)
+        )
+    }
+    means = {"loss", *functions}
+    return [
+        key
+        for key in metrics
+        if key.startswith("val/") and key.removeprefix("val/").removeprefix("ema_") in means
+    ]
+
+
+def pool(results: list[dict], key: str) -> tuple[float | None, str]:
+    """(`key` over every fold's validation samples: each fold's mean weighted by its number of
+    samples, the score of the concatenated out-of-fold predictions; "") or (None, why not)."""
+    for result in results:
+        if "sample_means" not in result:  # result.json written before the summary pooled
+            return None, f"fold-{result['fold']}/{RESULT} predates pooling"
+        if key not in result["sample_means"]:
+            return None, "not a mean over samples"
+        if result["num_val_samples"] is None:  # an IterableDataset: not counted ahead
+            return None, f"fold {result['fold']}'s number of validation samples is not known"
+    counts = [result["num_val_samples"] for result in results]
+    values = [result["metrics"][key] for result in results]
+    # value x count is the fold's sum (its mean was that sum / count); fsum rounds the total once
+    return math.fsum(v * n for v, n in zip(values, counts, strict=True)) / math.fsum(counts), ""
+
+
 def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> dict | None:
-    """Mean and sample standard deviation over the folds of the monitored metric and of every
-    validation metric, with each fold's value; None while a fold has no result yet.
+    """For the monitored metric and every validation metric: its value pooled over all folds'
+    samples (means over samples only; "not_pooled" names the others and why), the mean and
+    sample standard deviation of the folds' values, and each fold's value; None while a fold
+    has no result yet.
 
     monitor: (mode, key) as ConfigParser parses trainer.monitor, ("off", "") for none.
     """
@@ -61,13 +107,17 @@ def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> 
     keys = [key for key in results[0]["metrics"] if key.startswith("val/")]
     if monitor_key:
         keys = [monitor_key, *(key for key in keys if key != monitor_key)]
-    metrics = {}
+    metrics, not_pooled = {}, {}
     for key in keys:
         values = [result["metrics"][key] for result in results if key in result["metrics"]]
         if len(values) == num_folds:  # folds trained with other metrics leave theirs out
+            pooled, why = pool(results, key)
+            if pooled is None:
+                not_pooled[key] = why
             metrics[key] = {
-                "mean": statistics.fmean(values),
-                "std": statistics.stdev(values),
+                **({"pooled": pooled} if pooled is not None else {}),
+                "mean_over_folds": statistics.fmean(values),
+                "std_over_folds": statistics.stdev(values),
                 "folds": values,
             }
     return {
@@ -82,12 +132,13 @@ def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> 
             for result in results
         ],
         "metrics": metrics,
+        "not_pooled": not_pooled,
     }
 
 
-def finish_fold(config: "ConfigParser") -> dict | None:
+def finish_fold(config: "ConfigParser", num_val_samples: int | None) -> dict | None:
     """Write the fold's result and, when every fold has one, the summary; returns the summary."""
-    write_fold_result(config)
+    write_fold_result(config, num_val_samples)
     run_dir = config.run_checkpoint_dir
     summary = summarize_folds(run_dir, config.num_folds, (config.monitor_mode, config.monitor_key))
     if summary is not None:
@@ -96,15 +147,23 @@ def finish_fold(config: "ConfigParser") -> dict | None:
 
 
 def summary_lines(summary: dict) -> list[str]:
-    """The summary as log lines: one per metric, mean +- std and the value of each fold."""
+    """The summary as log lines: one per metric (its pooled value, the folds' mean +- std and
+    each fold's value), and one naming the metrics not pooled."""
     chosen = "best epoch" if summary["monitor"] != "off" else "last epoch"
     lines = [
         f"Cross-validation over {summary['num_folds']} folds "
         f"({chosen} of each fold, monitor {summary['monitor']}):"
     ]
     for key, values in summary["metrics"].items():
+        pooled = f"{values['pooled']:.4f}" if "pooled" in values else "n/a"
         folds = " ".join(f"{value:.4f}" for value in values["folds"])
-        lines.append(f"  {key:<20} {values['mean']:.4f} +- {values['std']:.4f}  (folds: {folds})")
+        lines.append(
+            f"  {key:<20} pooled {pooled:<8} mean over folds {values['mean_over_folds']:.4f} "
+            f"+- {values['std_over_folds']:.4f}  (folds: {folds})"
+        )
+    if summary.get("not_pooled"):
+        reasons = "; ".join(f"{key} ({why})" for key, why in summary["not_pooled"].items())
+        lines.append(f"  not pooled over samples, mean over folds only: {reasons}")
     return lines
 
 
@@ -113,7 +172,12 @@ def cross_validate(
     info: ProcessInfo,
     device: torch.device,
     train: Callable[
-        ["ConfigParser", ProcessInfo, torch.device, Callable[["ConfigParser"], dict | None]],
+        [
+            "ConfigParser",
+            ProcessInfo,
+            torch.device,
+            Callable[["ConfigParser", int | None], dict | None],
+        ],
         dict | None,
     ],
 ) -> dict | None:
