@@ -120,6 +120,13 @@ def test_the_last_fold_to_finish_writes_the_summary(cross_validated, tmp_path, c
     assert json.loads((run_dir / SUMMARY).read_text()) == original
     assert "All 2 epochs are already done" in capsys.readouterr().out
 
+    # Run again, the finished fold gives the same result: the summary file is left as it was
+    # (not replaced by an equal copy, which whatever watches or syncs it would see as new).
+    written = (run_dir / SUMMARY).stat()
+    assert train.main(["-r", str(run_dir / "fold-2" / "checkpoint-epoch2.pth")]) == 0
+    again = (run_dir / SUMMARY).stat()
+    assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+
 
 @pytest.mark.slow  # CI's main job; the floor job runs the fast tests
 def test_one_fold_alone_trains_only_that_fold(cross_validated, tmp_path, capsys):

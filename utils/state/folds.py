@@ -141,8 +141,13 @@ def finish_fold(config: "ConfigParser", num_val_samples: int | None) -> dict | N
     write_fold_result(config, num_val_samples)
     run_dir = config.run_checkpoint_dir
     summary = summarize_folds(run_dir, config.num_folds, (config.monitor_mode, config.monitor_key))
-    if summary is not None:
-        write_text_atomic(run_dir / SUMMARY, json.dumps(summary, indent=4) + "\n")
+    if summary is None:
+        return None
+    path, text = run_dir / SUMMARY, json.dumps(summary, indent=4) + "\n"
+    # A finished fold run again (resumed, auto_resume) gives the same summary: leave the file
+    # as it is, so that nothing that watches or syncs it sees a change that is none.
+    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+        write_text_atomic(path, text)
     return summary
 
 
