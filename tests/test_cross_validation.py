@@ -292,6 +292,16 @@ def test_the_pooled_accuracy_of_uneven_folds_is_not_the_mean_of_their_accuracies
     assert summary["metrics"]["val/loss"]["pooled"] == pytest.approx(14 / 8)
 
 
+def test_a_monitored_training_metric_is_not_pooled_by_the_validation_counts(tmp_path):
+    """train/loss is a mean over the training samples, which num_val_samples does not count."""
+    per_fold = [{"train/loss": 1.0, "val/loss": 2.0, "val/num_samples": 3.0}] * 2
+    write_results(tmp_path, per_fold, [])
+    summary = summarize_folds(tmp_path, 2, ("min", "train/loss"))
+    assert summary["not_pooled"] == {"train/loss": "not a validation metric"}
+    assert summary["metrics"]["train/loss"]["mean_over_folds"] == 1.0
+    assert summary["metrics"]["val/loss"]["pooled"] == 2.0
+
+
 def test_a_stateful_metric_and_results_from_before_pooling_are_named_not_pooled(tmp_path):
     """F1 is not a mean over samples; a result.json written before the summary pooled has no
     sample_means: both keep their mean over folds, and one line names them."""

@@ -76,6 +76,8 @@ def sample_mean_keys(entries: list, metrics: dict[str, float]) -> list[str]:
 def pool(results: list[dict], key: str) -> tuple[float | None, str]:
     """(`key` over every fold's validation samples: each fold's mean weighted by its number of
     samples, the score of the concatenated out-of-fold predictions; "") or (None, why not)."""
+    if not key.startswith("val/"):  # a monitored train/ metric: num_val_samples do not count it
+        return None, "not a validation metric"
     for result in results:
         if "sample_means" not in result:  # result.json written before the summary pooled
             return None, f"fold-{result['fold']}/{RESULT} predates pooling"
