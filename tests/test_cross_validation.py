@@ -292,6 +292,15 @@ def test_the_pooled_accuracy_of_uneven_folds_is_not_the_mean_of_their_accuracies
     assert summary["metrics"]["val/loss"]["pooled"] == pytest.approx(14 / 8)
 
 
+def test_the_means_over_samples_are_the_loss_and_the_function_metrics_by_their_names():
+    entries = ["accuracy", {"type": "top_k_acc", "name": "top3", "args": {"k": 3}}, "F1"]
+    metrics = dict.fromkeys(
+        ["train/loss", "val/loss", "val/top3", "val/f1", "val/ema_loss", "val/ema_top3"], 0.5
+    )
+    keys = folds_module.sample_mean_keys(entries, metrics)
+    assert keys == ["val/loss", "val/top3", "val/ema_loss", "val/ema_top3"]
+
+
 def test_a_monitored_training_metric_is_not_pooled_by_the_validation_counts(tmp_path):
     """train/loss is a mean over the training samples, which num_val_samples does not count."""
     per_fold = [{"train/loss": 1.0, "val/loss": 2.0, "val/num_samples": 3.0}] * 2
