@@ -87,8 +87,11 @@ def pool(results: list[dict], key: str) -> tuple[float | None, str]:
             return None, f"fold {result['fold']}'s number of validation samples is not known"
     counts = [result["num_val_samples"] for result in results]
     values = [result["metrics"][key] for result in results]
-    # value x count is the fold's sum (its mean was that sum / count); fsum rounds the total once
-    return math.fsum(v * n for v, n in zip(values, counts, strict=True)) / math.fsum(counts), ""
+    # value x count is the fold's sum (its mean was that sum / count); fsum rounds the total
+    # once, but raises on inf + -inf (folds that diverged): a plain sum gives their nan or inf.
+    sums = [v * n for v, n in zip(values, counts, strict=True)]
+    total = math.fsum(sums) if all(math.isfinite(v) for v in sums) else sum(sums)
+    return total / math.fsum(counts), ""
 
 
 def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> dict | None:
@@ -116,10 +119,13 @@ def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> 
             pooled, why = pool(results, key)
             if pooled is None:
                 not_pooled[key] = why
+            # A fold's nan or inf (a diverged run): stdev's exact fractions raise on it, and
+            # fmean's fsum on inf + -inf; a plain sum gives the mean's nan or inf, the spread nan.
+            finite = all(math.isfinite(value) for value in values)
             metrics[key] = {
                 **({"pooled": pooled} if pooled is not None else {}),
-                "mean_over_folds": statistics.fmean(values),
-                "std_over_folds": statistics.stdev(values),
+                "mean_over_folds": statistics.fmean(values) if finite else sum(values) / num_folds,
+                "std_over_folds": statistics.stdev(values) if finite else math.nan,
                 "folds": values,
             }
     return {
