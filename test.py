@@ -5,7 +5,6 @@ python test.py -r saved/models/<name>/<run_id>/model_best.pth [--split val] [--w
 """
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -112,8 +111,9 @@ def write_outputs(paths: dict[str, Path], results: dict, image: "Image.Image | N
     old file or the whole new one)."""
     from utils import UserError
     from utils.state.checkpoint import write_atomic
+    from utils.util import json_text
 
-    report = (json.dumps(results, indent=4) + "\n").encode("utf-8")
+    report = json_text(results).encode("utf-8")  # strict: a NaN metric as null
     writers = {
         "--json": lambda file: file.write(report),
         "--confusion-png": lambda file: image.save(file, format="PNG"),

@@ -10,6 +10,7 @@ import torch
 
 from logger.experiment_logger import RunInfo, ScalarLogger, image_pixels
 from utils.state.checkpoint import write_text_atomic
+from utils.util import json_text
 
 MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch takes at most this many parameters
 MAX_PARAM_LENGTH = 500  # characters of a parameter value every MLflow version stores
@@ -52,7 +53,7 @@ class SentSteps:
 
     def save(self) -> None:
         mark = {"run": self.run_id, "row": list(self.row), "epoch": self.epoch}
-        write_text_atomic(self.path, json.dumps(mark), durable=False)
+        write_text_atomic(self.path, json_text(mark, indent=None), durable=False)
 
 
 class TrackingLogger(ScalarLogger):

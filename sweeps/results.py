@@ -25,6 +25,7 @@ from typing import Any
 from sweeps.space import SweepError, Trial
 from utils.state.checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from utils.state.run_folder import SUMMARY
+from utils.util import json_text
 
 # Statuses a trial keeps: the next run of the sweep skips it. Any other (failed, interrupted,
 # or no record yet: pending) runs again, resuming from the trial's newest checkpoint.
@@ -33,7 +34,7 @@ BASE_CONFIG = "base_config.json"
 
 
 def write_json(path: Path, value: Any) -> None:
-    write_text_atomic(path, json.dumps(value, indent=4) + "\n")
+    write_text_atomic(path, json_text(value))
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from sweeps.runner import (
     visible_gpus,
 )
 from sweeps.space import SweepError, Trial, build_space, grid_trials, random_trials
+from utils.config.config_checks import read_json
 from utils.state.checkpoint import save_checkpoint
 from utils.state.folds import RESULT, summarize_folds
 from utils.state.run_folder import SUMMARY
@@ -372,7 +373,8 @@ def test_the_summary_tables_rank_by_the_monitor_mode_and_equal_each_trials_check
     order = sorted(rankable, key=lambda index: trials[index][0] * (-1 if mode == "max" else 1))
     order += [index for index in range(len(trials)) if index not in rankable]
     table = read_summary(folder)
-    listed = json.loads((folder / "sweep_summary.json").read_text())["trials"]
+    text = (folder / "sweep_summary.json").read_text()
+    listed = read_json(text, "sweep_summary.json")["trials"]  # refuses NaN and Infinity
     assert [row["trial"] for row in table] == [f"trial-{index:03d}" for index in order]
     assert [row["trial"] for row in listed] == [row["trial"] for row in table]
     for row, entry, index in zip(table, listed, order, strict=True):
@@ -380,8 +382,10 @@ def test_the_summary_tables_rank_by_the_monitor_mode_and_equal_each_trials_check
         assert row["rank"] == (str(order.index(index) + 1) if index in rankable else "")
         assert entry["rank"] == (order.index(index) + 1 if index in rankable else None)
         assert row["status"] == trials[index][1]
-        for value in (float(row["val/loss"]), float(entry["value"])):
-            assert value == expected or (math.isnan(value) and math.isnan(expected))
+        value = float(row["val/loss"])
+        assert value == expected or (math.isnan(value) and math.isnan(expected))
+        # The JSON is strict (json_text): a NaN or inf as null.
+        assert entry["value"] == (expected if math.isfinite(expected) else None)
         assert float(row["optimizer.args.lr"]) == index / 10
 
 

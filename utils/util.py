@@ -1,7 +1,10 @@
-"""Errors, seeding, RNG state, torch's global settings and which files are images."""
+"""Errors, seeding, RNG state, torch's global settings, which files are images, and the JSON
+every output file is written as."""
 
 import gc
+import json
 import logging
+import math
 import os
 import random
 import signal
@@ -81,6 +84,24 @@ IMAGE_EXTENSIONS = tuple(
 # Image formats they do not read: a folder of phone photos (.heic) would otherwise give fewer
 # samples than it holds without a word. Other files (.txt, .json) are not images: not counted.
 UNREAD_IMAGE_EXTENSIONS = (".heic", ".heif", ".avif", ".gif", ".jxl", ".jp2", ".dng", ".svg")
+
+
+def json_text(value: object, *, indent: int | None = 4) -> str:
+    """`value` as strict JSON (RFC 8259), ending in a newline: a NaN or infinite float (a metric
+    of a run whose loss diverged) is written as null. Python's json writes NaN and Infinity,
+    which JavaScript's JSON.parse, jq, Go and this project's own read_json refuse; every JSON
+    file the project writes goes through here (docs/outputs.md)."""
+    return json.dumps(_finite_or_null(value), indent=indent, allow_nan=False) + "\n"
+
+
+def _finite_or_null(value: object) -> object:
+    if isinstance(value, float):  # also numpy's float64, a float subclass
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(item) for item in value]
+    return value
 
 
 def warn_unread_images(

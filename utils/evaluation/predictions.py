@@ -5,14 +5,13 @@ JSON; the checks of an output file that test.py shares."""
 import csv
 import glob
 import io
-import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from utils.util import IMAGE_EXTENSIONS, UserError, describe_error, warn_unread_images
+from utils.util import IMAGE_EXTENSIONS, UserError, describe_error, json_text, warn_unread_images
 
 # A run's own files, by name (utils/state/checkpoint.py, run_folder.py, logger/): no command's
 # output replaces one, even with --force, since a report written over a checkpoint, config.json
@@ -178,7 +177,7 @@ def format_rows(rows: list[dict], suffix: str, *, flat: bool = False) -> str:
     outputs that are not classes, path, value_1, value_2, ...; flat rows of a loader's
     prediction_rows: the union of their keys, in order of appearance)"""
     if suffix == ".json":
-        return json.dumps(rows, indent=2) + "\n"
+        return json_text(rows, indent=2)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if flat:

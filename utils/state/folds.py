@@ -25,6 +25,7 @@ from utils.distributed.process_group import ProcessInfo, broadcast_object
 from utils.state.checkpoint import load_checkpoint, write_text_atomic
 from utils.state.run_folder import SUMMARY, default_run_id
 from utils.state.timeline import choose
+from utils.util import json_text
 
 if TYPE_CHECKING:
     from parse_config import ConfigParser
@@ -49,7 +50,7 @@ def write_fold_result(config: "ConfigParser", num_val_samples: int | None) -> di
         "num_val_samples": num_val_samples,
         "sample_means": sample_mean_keys(config["metrics"], state["metrics"]),
     }
-    write_text_atomic(checkpoint_dir / RESULT, json.dumps(result, indent=4) + "\n")
+    write_text_atomic(checkpoint_dir / RESULT, json_text(result))
     return result
 
 
@@ -86,7 +87,9 @@ def pool(results: list[dict], key: str) -> tuple[float | None, str]:
         if result["num_val_samples"] is None:  # an IterableDataset: not counted ahead
             return None, f"fold {result['fold']}'s number of validation samples is not known"
     counts = [result["num_val_samples"] for result in results]
-    values = [result["metrics"][key] for result in results]
+    values = [
+        math.nan if result["metrics"][key] is None else result["metrics"][key] for result in results
+    ]
     # value x count is the fold's sum (its mean was that sum / count); fsum rounds the total
     # once, but raises on inf + -inf (folds that diverged): a plain sum gives their nan or inf.
     sums = [v * n for v, n in zip(values, counts, strict=True)]
@@ -114,7 +117,12 @@ def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> 
         keys = [monitor_key, *(key for key in keys if key != monitor_key)]
     metrics, not_pooled = {}, {}
     for key in keys:
-        values = [result["metrics"][key] for result in results if key in result["metrics"]]
+        # null: a metric that was NaN or infinite (json_text); nan again, so the mean is too.
+        values = [
+            math.nan if result["metrics"][key] is None else result["metrics"][key]
+            for result in results
+            if key in result["metrics"]
+        ]
         if len(values) == num_folds:  # folds trained with other metrics leave theirs out
             pooled, why = pool(results, key)
             if pooled is None:
@@ -151,7 +159,7 @@ def finish_fold(config: "ConfigParser", num_val_samples: int | None) -> dict | N
     summary = summarize_folds(run_dir, config.num_folds, (config.monitor_mode, config.monitor_key))
     if summary is None:
         return None
-    path, text = run_dir / SUMMARY, json.dumps(summary, indent=4) + "\n"
+    path, text = run_dir / SUMMARY, json_text(summary)
     # A finished fold run again (resumed, auto_resume) gives the same summary: leave the file
     # as it is, so that nothing that watches or syncs it sees a change that is none.
     if not (path.is_file() and path.read_text(encoding="utf-8") == text):

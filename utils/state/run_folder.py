@@ -29,7 +29,7 @@ from utils.state.timeline import (
     set_aside,
 )
 from utils.state.training_state import drop_oldest
-from utils.util import UserError
+from utils.util import UserError, json_text
 
 if TYPE_CHECKING:
     from parse_config import ConfigParser
@@ -198,8 +198,7 @@ def prepare_run_folder(
         if cleared:
             logger.info("Removed %d shards folder(s) no checkpoint names: %s", len(cleared),
                         ", ".join(cleared))  # fmt: skip
-        text = json.dumps(config.config, indent=4) + "\n"
-        write_text_atomic(config.checkpoint_dir / "config.json", text)
+        write_text_atomic(config.checkpoint_dir / "config.json", json_text(config.config))
     except OSError as error:
         raise UserError(
             f"{error.filename or config.checkpoint_dir}: cannot write the run folder "
