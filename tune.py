@@ -110,6 +110,7 @@ def tune_lr(
     # Another run's folder, an earlier test's, or a file: kept (a file cannot be listed).
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out}: already exists; choose another --run-id")
+    check_creatable(out)
     trainer = build_trainer(config, info, device, logger)
     trainer.check_first_batch()
     base_lr = config_rates(trainer)[0]  # what the suggestion replaces
@@ -162,6 +163,22 @@ def tune_batch_size(
             print(f"  {sets}   (scaled with the batch, x{size / old:.3g})")
         else:
             print("  (optimizer.reference_batch_size scales the learning rates to the batch)")
+
+
+def check_creatable(out: Path) -> None:
+    """Refuse, before the range test, an output folder that cannot be made: else the test ran
+    to its end and its writes failed with a traceback. Not made yet: a run that writes nothing
+    (a first loss that is not finite) leaves no folder."""
+    import os
+
+    from utils import UserError
+
+    existing = next(folder for folder in (out, *out.parents) if folder.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(
+            f"{out}: cannot be created: {existing} is not a writable folder; set another "
+            "trainer.save_dir"
+        )
 
 
 def save_outputs(result: "RangeTest", out: "Path") -> None:

@@ -768,3 +768,33 @@ def test_a_run_id_naming_a_file_is_one_line_and_the_file_is_kept(tmp_path, capsy
     error = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in error and error.endswith("choose another --run-id"), error
     assert taken.read_text() == "kept"
+
+
+@pytest.mark.parametrize("where", ["save_dir", "experiment"])
+def test_an_output_folder_that_cannot_be_made_is_one_line_before_any_work(
+    where, tmp_path, monkeypatch, capsys
+):
+    """trainer.save_dir under a file, or a file where saved/log/<name> goes: one line, exit 2,
+    before the model is built (it used to run the whole test, then fail on writing with a
+    traceback)."""
+    import build
+    import tune
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("the range test started")
+
+    monkeypatch.setattr(build, "build_trainer", no_work)
+    config = demo_config(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept\n")
+    flags = ["--set", f"trainer.save_dir={blocker / 'saved'}"]
+    if where == "experiment":
+        (tmp_path / "saved" / "log").mkdir(parents=True)
+        blocker = tmp_path / "saved" / "log" / "Demo_CifarCNN"
+        blocker.write_text("kept\n")
+        flags = []
+    code = tune.main(["-c", str(config), "--lr-range", "--run-id", "lr", *flags])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and error.startswith("error: ") and "\n" not in error, error
+    assert "is not a writable folder" in error
+    assert blocker.read_text() == "kept\n"
