@@ -182,15 +182,17 @@ def check_creatable(out: Path) -> None:
 
 
 def save_outputs(result: "RangeTest", out: "Path") -> None:
-    """lr_range.csv, lr_range.png and TensorBoard's lr_range/ tags in `out`."""
+    """lr_range.csv, lr_range.png and TensorBoard's lr_range/ tags in `out`, each file written
+    atomically (a crash leaves it whole or absent)."""
     from logger.visualization import TensorboardLogger
     from utils.evaluation.confusion import image_tensor
-    from utils.optim.lr_range import draw, write_csv
+    from utils.optim.lr_range import csv_text, draw
+    from utils.state.checkpoint import write_atomic, write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(result, out / "lr_range.csv")
+    write_text_atomic(out / "lr_range.csv", csv_text(result))
     image = draw(result)
-    image.save(out / "lr_range.png")
+    write_atomic(out / "lr_range.png", lambda file: image.save(file, format="PNG"))
     board = TensorboardLogger(out)
     for step, values in enumerate(zip(result.lrs, result.losses, result.smoothed, strict=True)):
         tags = ("lr_range/lr", "lr_range/loss", "lr_range/smoothed_loss")

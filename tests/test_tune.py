@@ -798,3 +798,29 @@ def test_an_output_folder_that_cannot_be_made_is_one_line_before_any_work(
     assert code == 2 and error.startswith("error: ") and "\n" not in error, error
     assert "is not a writable folder" in error
     assert blocker.read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("torn", ["lr_range.csv", "lr_range.png"])
+def test_a_crash_while_writing_the_curve_leaves_no_torn_file(torn, tmp_path, monkeypatch):
+    """Each file is written atomically (a temporary file renamed onto its name): a crash in the
+    middle leaves the file absent, not half written, and no temporary behind."""
+    import tune
+    from utils.optim.lr_range import RangeTest
+
+    lrs = [1e-3, 1e-2, 1e-1]
+    result = RangeTest(lrs, [1.0, 0.5, 0.7], [1.0, 0.6, 0.6], "done", 1e-2)
+    if torn == "lr_range.csv":  # a row that cannot be formed, after two that were
+        result = RangeTest(lrs, [1.0, 0.5], [1.0, 0.6], "done", 1e-2)
+    else:
+
+        def save(self, target, *args, **kwargs) -> None:  # as a full disk would, mid-file
+            file = open(target, "wb") if isinstance(target, str | Path) else target  # noqa: SIM115
+            file.write(b"\x89PNG\r\n\x1a\n")
+            file.flush()
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(Image.Image, "save", save)
+    with pytest.raises((OSError, ValueError)):
+        tune.save_outputs(result, tmp_path / "out")
+    assert not (tmp_path / "out" / torn).exists()
+    assert not list((tmp_path / "out").glob(".*.tmp"))

@@ -9,10 +9,10 @@ first tenth of the points (the average warming up). Past the minimum the loss no
 the steepest descent sits below it, where training is fast and still stable."""
 
 import csv
+import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -82,11 +82,13 @@ def suggest(lrs: list[float], smoothed: list[float]) -> float | None:
     return lrs[steepest] if slopes[steepest] < 0 else None
 
 
-def write_csv(result: RangeTest, path: Path) -> None:
-    with path.open("w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["lr", "loss", "smoothed_loss"])
-        writer.writerows(zip(result.lrs, result.losses, result.smoothed, strict=True))
+def csv_text(result: RangeTest) -> str:
+    """The curve as CSV text (tune.py writes it atomically)."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["lr", "loss", "smoothed_loss"])
+    writer.writerows(zip(result.lrs, result.losses, result.smoothed, strict=True))
+    return text.getvalue()
 
 
 def draw(result: RangeTest, width: int = 640, height: int = 400) -> Image.Image:
