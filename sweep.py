@@ -76,8 +76,13 @@ def run(args: argparse.Namespace, sweep: "Sweep") -> int:
     Returns 1 if a trial failed, 128 + the signal that stopped the sweep, else 0."""
     from logger import setup_logging
     from sweeps.results import check_definition, locked
+    from sweeps.space import SweepError
 
-    sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
+    try:  # a trainer.save_dir under a file, or not writable: one line, not a traceback
+        sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        message = f"{sweep.sweep_dir}: cannot make the sweep's folder ({error.strerror})"
+        raise SweepError(message) from None
     check_definition(sweep.sweep_dir, sweep.definition, sweep.num_trials)
     if args.slurm:  # not over a sweep running here: its array tasks would run the same trials
         with locked(sweep.sweep_dir / ".lock", wait=False):

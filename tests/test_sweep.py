@@ -246,6 +246,19 @@ def test_a_bad_spec_is_one_line_before_anything_runs(
     assert not (tmp_path / "saved").exists()
 
 
+def test_a_sweep_folder_that_cannot_be_made_is_one_line(make_config, tmp_path, capsys):
+    """trainer.save_dir under a file: exit 2 and one line naming the folder, not a traceback;
+    the file is kept."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept\n")
+    config = make_config(**TINY)
+    flags = ["--grid", "optimizer.args.lr=[0.1,0.01]", "--set", f"trainer.save_dir={blocker}"]
+    assert sweep.main(["-c", str(config), *flags]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1, error
+    assert "cannot make the sweep's folder" in error and blocker.read_text() == "kept\n"
+
+
 def test_optuna_missing_is_named(make_config, capsys, monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
