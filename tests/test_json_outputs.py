@@ -11,10 +11,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import ENTRY_POINTS
+import torch
+from conftest import ENTRY_POINTS, run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import model.model
 from sweeps.results import write_json, write_record, write_summary
 from sweeps.space import Trial
 from utils.evaluation.predictions import format_rows
@@ -145,3 +147,18 @@ def test_a_nan_loss_in_test_reports_is_null(tmp_path):
     path = tmp_path / "report.json"
     ENTRY_POINTS["test"].write_outputs({"--json": path}, {"loss": math.nan, "n": 3}, None)
     assert strict_loads(path.read_text()) == {"loss": None, "n": 3}
+
+
+def test_test_py_of_a_diverged_model_writes_strict_json(demo_checkpoint, tmp_path, monkeypatch):
+    """End to end: a model whose outputs are NaN (its weights diverged) gives a NaN loss; test.py
+    --json still writes JSON that a strict reader takes, the loss as null."""
+
+    def diverged(self, images):  # (B, 10) logits, all NaN
+        return torch.full((images.shape[0], 10), math.nan)
+
+    monkeypatch.setattr(model.model.CifarCNN, "forward", diverged)
+    path = tmp_path / "report.json"
+    tested = run_main("test", "-r", str(demo_checkpoint), "--json", str(path))
+    assert tested.returncode == 0, tested.stderr[-2000:]
+    report = strict_loads(path.read_text(encoding="utf-8"))
+    assert report["metrics"]["test/loss"] is None, report
