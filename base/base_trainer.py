@@ -252,17 +252,17 @@ class BaseTrainer(abc.ABC):
                 with torch.autocast(self.device.type, self.amp_dtype, self.amp_dtype is not None):
                     result = self.training_step(batch)
                 if self.options["nonfinite"] == "skip" and not all_finite(result.loss):
-                    skip_step(self, epoch, step)
-                    continue
-                loss = result.loss if group_size == 1 else result.loss / group_size
-                self.scaler.scale(loss).backward()
+                    skip_step(self, epoch, step)  # its row, still due, is at the next step taken
+                    ends_group = False
+                else:
+                    loss = result.loss if group_size == 1 else result.loss / group_size
+                    self.scaler.scale(loss).backward()
+                    sums.add(result, step)
             if ends_group:
                 self.optimizer_step()
-            sums.add(result, step)
             if step % self.options["log_step"] == 0 or step == last_step:
                 stop_signum = log_interval(self, epoch, step, sums, progress, ends_group)
-            # Stop after this step when asked (at the end of an accumulation group): at once in
-            # a single process; under torchrun at the interval where the ranks agreed on it.
+            # Stop when asked, at a group's end: at once alone, under torchrun when ranks agreed.
             if not is_distributed():
                 stop_signum = self.stop.signum or 0
             if stop_signum and ends_group and step < last_step:

@@ -4,6 +4,7 @@ every rank); with trainer.nonfinite "skip", dropping a batch whose loss is not f
 progress, a bar on a terminal or a short line now and then in a pipe. BaseTrainer's
 train_epoch uses all three."""
 
+import math
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -72,7 +73,9 @@ def log_interval(
             '(trainer.nonfinite is "stop"); lower the learning rate, check the data, '
             'or set trainer.nonfinite to "skip". Checkpoints saved so far are intact.'
         )
-    interval_loss = interval[0] / interval[-1]
+    # NaN where trainer.nonfinite "skip" dropped every batch since the last read: the row is
+    # still logged, so the rows depend on the steps alone.
+    interval_loss = interval[0] / interval[-1] if interval[-1] else math.nan
     values = {"train/step_loss": interval_loss}
     if trainer.step_per_batch:
         values["train/lr"] = trainer.optimizer.param_groups[0]["lr"]

@@ -19,6 +19,7 @@ from torch.optim import lr_scheduler as schedulers
 
 import train
 from build import build_trainer
+from logger import Loggers
 from parse_config import ConfigParser
 from utils import UserError
 from utils.distributed.process_group import ProcessInfo
@@ -270,6 +271,95 @@ def test_a_skipped_batch_that_ends_its_group_takes_no_step_and_the_schedule_wait
         assert all(torch.isfinite(param).all() for param in trainer.model.parameters())
 
     check()
+
+
+def test_every_log_step_row_is_logged_whichever_batches_are_skipped(tmp_path, monkeypatch):
+    """trainer.nonfinite "skip": the train/step_loss rows are a function of the steps alone, a
+    row at every log_step-th batch and at each epoch's last, skipped batches or not. A row is
+    the mean of the interval's finite losses, NaN where every batch of it was skipped (no
+    sample to average); its step never goes back, nor past the next step taken."""
+
+    @settings(max_examples=15, deadline=None)
+    @given(
+        num_batches=st.integers(1, 6),
+        log_step=st.integers(1, 4),
+        accumulate=st.integers(1, 3),
+        nonfinite=st.sets(st.integers(0, 11), max_size=6),  # batch indices of the whole run
+    )
+    def check(num_batches: int, log_step: int, accumulate: int, nonfinite: set[int]) -> None:
+        epochs = 2
+        save_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        config = ConfigParser(
+            tiny_run(
+                save_dir, num_batches=num_batches, schedule=None, epochs=epochs,
+                grad_accum_steps=accumulate, nonfinite="skip", max_skipped_steps=12,
+                log_step=log_step,
+            ),
+            source="t.json",
+        )  # fmt: skip
+        trainer = trainer_scaling_losses(config, dict.fromkeys(nonfinite, float("nan")))
+        losses: list[float] = []  # every training batch's loss, in order
+        scaled_step = trainer.training_step
+
+        def training_step(batch: object) -> object:
+            result = scaled_step(batch)
+            losses.append(float(result.loss.detach()))
+            return result
+
+        rows: list[dict] = []
+        monkeypatch.setattr(trainer, "training_step", training_step)
+        monkeypatch.setattr(
+            Loggers,
+            "log_step",
+            lambda self, values, *, step, epoch, batch: rows.append(
+                {"epoch": epoch, "batch": batch, "step": step, **values}
+            ),
+        )
+        trainer.fit()
+        due = [
+            (epoch, batch)
+            for epoch in range(1, epochs + 1)
+            for batch in range(1, num_batches + 1)
+            if batch % log_step == 0 or batch == num_batches
+        ]
+        assert [(row["epoch"], row["batch"]) for row in rows] == due
+        previous = 0
+        for epoch, batch in due:
+            # The interval's batches, as indices of the whole run.
+            start = (epoch - 1) * num_batches
+            interval = losses[start + previous : start + batch]
+            previous = 0 if batch == num_batches else batch
+            finite = [loss for loss in interval if math.isfinite(loss)]
+            row = rows[due.index((epoch, batch))]
+            if finite:
+                assert row["train/step_loss"] == pytest.approx(sum(finite) / len(finite))
+            else:
+                assert math.isnan(row["train/step_loss"])
+        steps = [row["step"] for row in rows]
+        assert steps == sorted(steps) and steps[-1] <= trainer.global_step + 1
+
+    check()
+
+
+def test_a_log_step_row_whose_batches_were_all_skipped_is_nan(tmp_path, monkeypatch):
+    """The exact case: log_step 1, the second batch's loss NaN: its row is there, NaN, at the
+    step the next group makes (before: missing, and the epoch's last row too)."""
+    config = ConfigParser(
+        tiny_run(tmp_path, num_batches=3, schedule=None, epochs=1, nonfinite="skip", log_step=1),
+        source="t.json",
+    )
+    trainer = trainer_scaling_losses(config, {1: float("nan"), 2: float("nan")})
+    rows: list[tuple[int, int, float]] = []
+    monkeypatch.setattr(
+        Loggers,
+        "log_step",
+        lambda self, values, *, step, epoch, batch: rows.append(
+            (batch, step, values["train/step_loss"])
+        ),
+    )
+    trainer.fit()
+    assert [(batch, step) for batch, step, _ in rows] == [(1, 1), (2, 2), (3, 2)]
+    assert math.isfinite(rows[0][2]) and math.isnan(rows[1][2]) and math.isnan(rows[2][2])
 
 
 def test_a_step_grad_scaler_skips_moves_the_schedule_on_and_is_not_counted(tmp_path):
