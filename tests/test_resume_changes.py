@@ -27,9 +27,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import train
 import utils.data.sampler
 import utils.distributed.device
+from base.base_trainer import BaseTrainer
 from utils.data.sampler import EpochSampler
 from utils.evaluation.metric_sums import MetricSums, StepOutput
 from utils.optim.averaging import update_average
+from utils.state.checkpoint import ema_weights
 
 RUN = Path("models") / "Demo_CifarCNN"
 
@@ -527,3 +529,40 @@ def test_a_rebuilt_schedule_counts_the_steps_taken_not_those_skipped(
             assert state["lr_scheduler"]["last_epoch"] == state["global_step"]
 
     check()
+
+
+def test_a_fine_tune_starts_from_the_weights_its_checkpoint_was_judged_by(
+    stop_at, tmp_path, monkeypatch, capsys
+):
+    """-r CKPT -c CONFIG from a run whose monitor watched val/ema_accuracy starts from the
+    averaged weights (as test.py scores them), the new run's average from them too; --continue
+    and a plain resume carry on the trained ones (exact resume). Before: always the trained."""
+    trainer = {"epochs": 1, "ema_decay": 0.5, "monitor": "max val/ema_accuracy"}
+    config = demo(tmp_path, trainer=trainer)
+    assert train.main(["-c", str(config), "--run-id", "ema"]) == 0
+    best = tmp_path / "saved" / RUN / "ema" / "model_best.pth"
+    state = load(best)
+    averaged = ema_weights(state, best)
+    assert any(not torch.equal(averaged[key], state["model"][key]) for key in averaged)
+    started: list[dict] = []  # the weights (and the average's) as each run's training begins
+    real_train_epoch = BaseTrainer.train_epoch
+
+    def recording(self, epoch: int) -> dict:
+        if not started or started[-1]["epoch"] != epoch:
+            started.append({"epoch": epoch, "model": clone(self.model.state_dict()),
+                            "ema": clone(self.ema.module.state_dict())})  # fmt: skip
+        return real_train_epoch(self, epoch)
+
+    monkeypatch.setattr(BaseTrainer, "train_epoch", recording)
+    capsys.readouterr()
+    assert train.main(["-r", str(best), "-c", str(config), "--run-id", "tuned"]) == 0
+    for weights in (started[-1]["model"], started[-1]["ema"]):
+        assert all(torch.equal(weights[key], averaged[key]) for key in averaged)
+    assert "its averaged weights, in a new run from epoch 1" in capsys.readouterr().out
+    flags = ["--continue", "--run-id", "continued", "--epochs", "2"]
+    assert train.main(["-r", str(best), "-c", str(config), *flags]) == 0
+    assert all(torch.equal(started[-1]["model"][key], state["model"][key]) for key in averaged)
+
+
+def clone(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: value.detach().clone() for key, value in weights.items()}

@@ -132,7 +132,7 @@ def test_fine_tune_with_a_new_config_starts_a_new_run_at_epoch_1(
     )
     result = run_main("train.py", "-r", str(checkpoint), "-c", str(config), "--run-id", "tuned")
     assert result.returncode == 0, result.stderr
-    assert "its weights, in a new run from epoch 1" in result.stdout
+    assert "its trained weights, in a new run from epoch 1" in result.stdout
     assert logged_epochs(result.stdout) == [1, 2]
     new_run = config.parent / "saved" / "models" / "Demo_CifarCNN" / "tuned"
     assert sorted(path.name for path in new_run.glob("*.pth")) == [

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from utils.data.batches import remaining_batches
 from utils.data.sampler import EpochSampler
 from utils.distributed.process_group import said_by_rank0, world_size
-from utils.state.checkpoint import load_checkpoint
+from utils.state.checkpoint import load_checkpoint, use_averaged_weights
 from utils.state.model_state import load_model_state
 from utils.state.optimizer_state import restore_optimizer, restore_schedule, steps_done
 from utils.state.timeline import ResumePoint
@@ -46,16 +46,21 @@ def restore_state(trainer: "BaseTrainer", point: ResumePoint) -> None:
     # On the CPU: the RNG states must stay CPU tensors, and load_state_dict moves model and
     # optimizer state onto the training device itself.
     state = load_checkpoint(path, map_location="cpu")
-    load_model_state(trainer.model, state, path)
+    # A fine-tune (a new run) starts from the weights the checkpoint was judged by, as test.py
+    # loads them: the averaged ones when its monitor watched a val/ema_ metric. A resume and
+    # --continue carry on the trained ones, with the optimizer state that goes with them.
+    averaged = point.fine_tune and not config.continue_run and use_averaged_weights(state, "auto")
+    load_model_state(trainer.model, state, path, ema=averaged)
     if trainer.ema is not None:  # until its first update, which copies the model anew
-        load_model_state(trainer.ema.module, state, path)
+        load_model_state(trainer.ema.module, state, path, ema=averaged)
     if trainer.lookahead is not None:  # the slow weights start from the loaded ones
         trainer.lookahead.restart(unwrap_model(trainer.model))
     if point.fine_tune and not config.continue_run:
         logger.info(
-            "Fine-tuning from %s (epoch %d): its weights, in a new run from epoch 1.",
+            "Fine-tuning from %s (epoch %d): its %s weights, in a new run from epoch 1.",
             path,
             state["epoch"],
+            "averaged" if averaged else "trained",
         )
         return
     if not point.fine_tune:  # the same run: it must train on the same data
