@@ -87,6 +87,7 @@ EDITS: list[tuple[str, str | re.Pattern, str | None]] = [
     ("README.md", "sweeps/       sweep.py's search spaces, trials, results, SLURM arrays, Optuna\n", ""),
     ("README.md", "- [docs/sweeps.md](docs/sweeps.md): grid, random and Optuna sweeps, parallel trials, resume, SLURM job arrays\n", ""),
     ("docs/distributed.md", "A hyper-parameter sweep runs as a job array, one trial per array task, with the same\npreemption and requeue handling: `python sweep.py ... --slurm` ([sweeps.md](sweeps.md#slurm)).\n\n", ""),
+    ("docs/outputs.md", " sweep.py's `sweep.json`, `base_config.json`, trial\nrecords and `sweep_summary.json`,", ""),
     ("docs/outputs.md", "A sweep (`sweep.py`) puts each trial's run folder under `saved/sweeps/<sweep name>/`, beside\nits summary: see [sweeps.md](sweeps.md#outputs).\n\n", ""),
     ("requirements-extras.txt", "# sweep.py --optuna\noptuna>=4.0\n", ""),
     ("pyproject.toml", "# sweep.py --optuna: the TPE sampler and the median pruner (the study is kept in SQLite).\noptuna = [\"optuna>=4.0\"]\n", ""),
