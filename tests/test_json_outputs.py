@@ -88,25 +88,12 @@ class FoldConfig(SimpleNamespace):
 
 
 def write_every_json(folder: Path, metrics: dict[str, float]) -> dict[str, Path]:
-    """Each JSON writer of the project, given `metrics`: the files, by who writes them."""
+    """Each JSON writer of train.py, test.py and predict.py, given `metrics`: the files, by who
+    writes them (the sweep's files: test_every_sweep_file_is_strict_json)."""
     files = {"test.py --json": folder / "report.json", "predict.py --out": folder / "rows.json"}
     ENTRY_POINTS["test"].write_outputs({"--json": files["test.py --json"]}, dict(metrics), None)
     rows = [{"path": "image.png", **metrics}]
     files["predict.py --out"].write_text(format_rows(rows, ".json"), encoding="utf-8")
-    # sweep.py: sweep.json (its trials' values), a trial's record, the summary.
-    trial = Trial(0, {"optimizer.args.lr": next(iter(metrics.values()))})
-    write_json(folder / "sweep.json", {"trials": [{"values": trial.values}]})
-    (folder / "trials").mkdir()
-    write_record(folder, trial, status="finished", code=0, run_dir=folder)
-    value = next(iter(metrics.values()))
-    row = {"rank": None, "trial": trial.name, "status": "finished", "value": value}
-    row |= {"epoch": 1, "values": trial.values, "run_dir": str(folder)}
-    write_summary(folder, [row], monitor="min val/loss", key="val/loss")
-    files |= {
-        "sweep.json": folder / "sweep.json",
-        "sweep_summary.json": folder / "sweep_summary.json",
-    }
-    files["a trial's record"] = folder / "trials" / f"{trial.name}.json"
     # train.py with data_loader.args.folds: each fold's result.json, then folds_summary.json.
     run_dir = folder / "run"
     for fold in range(2):
@@ -164,3 +151,24 @@ def test_test_py_of_a_diverged_model_writes_strict_json(demo_checkpoint, tmp_pat
     assert tested.returncode == 0, tested.stderr[-2000:]
     report = strict_loads(path.read_text(encoding="utf-8"))
     assert report["metrics"]["test/loss"] is None, report
+
+
+@settings(max_examples=30, deadline=None)
+@given(metrics=METRICS)
+def test_every_sweep_file_is_strict_json_whatever_the_metrics(tmp_path_factory, metrics):
+    """sweep.py's sweep.json (its trials' values), a trial's record and the summary, with a
+    NaN or inf as a trial's value and score."""
+    folder = tmp_path_factory.mktemp("sweep")
+    value = next(iter(metrics.values()))
+    trial = Trial(0, {"optimizer.args.lr": value})
+    write_json(folder / "sweep.json", {"trials": [{"values": trial.values}]})
+    (folder / "trials").mkdir()
+    write_record(folder, trial, status="finished", code=0, run_dir=folder)
+    row = {"rank": None, "trial": trial.name, "status": "finished", "value": value}
+    row |= {"epoch": 1, "values": trial.values, "run_dir": str(folder)}
+    write_summary(folder, [row], monitor="min val/loss", key="val/loss")
+    for path in (folder / "sweep.json", folder / "sweep_summary.json", *folder.glob("trials/*")):
+        try:
+            strict_loads(path.read_text(encoding="utf-8"))
+        except ValueError as error:
+            pytest.fail(f"{path.name} is not strict JSON: {error}")
