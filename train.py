@@ -109,6 +109,7 @@ def train(
 
     from build import build_trainer
     from logger import setup_logging
+    from model.metric import sample_mean_names
     from utils import configure_torch, seed_everything
     from utils.data.batches import num_samples
     from utils.distributed.process_group import broadcast_object, on_rank0, said_by_rank0
@@ -144,9 +145,8 @@ def train(
         if finish is None or not info.is_main:
             return None
         # The fold's count, which the summary weighs its means by (not in the checkpoint).
-        return finish(
-            config, num_samples(trainer.val_loader) if trainer.val_loader is not None else None
-        )
+        count = num_samples(trainer.val_loader) if trainer.val_loader is not None else None
+        return finish(config, count, sample_mean_names(config["metrics"]))
 
 
 if __name__ == "__main__":

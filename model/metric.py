@@ -20,6 +20,7 @@ data (a boolean mask's, bincount's), so a step never waits for the GPU.
 """
 
 import fractions
+import inspect
 import math
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 
 from base import StatefulMetric
 from model.class_metrics import F1, MeanIoU, PixelAccuracy, check_class_scores, describe
+from utils.config.config_checks import metric_names
 from utils.distributed.process_group import gather_objects, is_distributed
 from utils.evaluation.metric_sums import sum_dtype
 from utils.util import ConfigValueError, DataError, is_number
@@ -272,3 +274,16 @@ class MeanAveragePrecision:
     def reset(self) -> None:
         self.metric.reset()
         self.images = []
+
+
+def sample_mean_names(entries: list) -> set[str]:
+    """The names (utils.config.config_checks.metric_names) of the config's "metrics" `entries`
+    that are means over samples, and "loss": every metric given as a function here (a per-sample
+    sum over num_samples). A StatefulMetric (F1, R2, RMSE) or a torchmetrics class is not one;
+    a checkpoint keeps its value, not the sums a cross-validation summary would pool from."""
+    functions = {
+        name
+        for name, entry in zip(metric_names(entries), entries, strict=True)
+        if not inspect.isclass(globals().get(entry if isinstance(entry, str) else entry["type"]))
+    }
+    return {"loss", *functions}

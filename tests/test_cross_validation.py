@@ -20,7 +20,7 @@ from sklearn import metrics as sk_metrics
 import data_loader.data_loaders as data_module
 import train
 import utils.state.folds as folds_module
-from model.metric import accuracy, top_k_acc
+from model.metric import accuracy, sample_mean_names, top_k_acc
 from parse_config import ConfigParser
 from utils.distributed.process_group import ProcessInfo
 from utils.evaluation.metric_sums import MetricSums, StepOutput
@@ -190,7 +190,7 @@ def write_results(run_dir: Path, fold_metrics: list[dict], entries: list) -> Non
         num_val_samples = int(metrics.pop("val/num_samples"))
         result = {"fold": fold, "checkpoint": "model_best.pth", "epoch": 1, "metrics": metrics,
                   "num_val_samples": num_val_samples,
-                  "sample_means": folds_module.sample_mean_keys(entries, metrics)}  # fmt: skip
+                  "sample_means": folds_module.sample_mean_keys(sample_mean_names(entries), metrics)}  # fmt: skip
         (run_dir / f"fold-{fold}" / RESULT).write_text(json.dumps(result))
 
 
@@ -297,7 +297,7 @@ def test_the_means_over_samples_are_the_loss_and_the_function_metrics_by_their_n
     metrics = dict.fromkeys(
         ["train/loss", "val/loss", "val/top3", "val/f1", "val/ema_loss", "val/ema_top3"], 0.5
     )
-    keys = folds_module.sample_mean_keys(entries, metrics)
+    keys = folds_module.sample_mean_keys(sample_mean_names(entries), metrics)
     assert keys == ["val/loss", "val/top3", "val/ema_loss", "val/ema_top3"]
 
 

@@ -80,13 +80,6 @@ def test_a_fold_with_a_nan_metric_is_summarized_not_a_traceback(tmp_path):
     assert math.isnan(metric["mean_over_folds"]) and math.isnan(metric["std_over_folds"])
 
 
-class FoldConfig(SimpleNamespace):
-    """What finish_fold reads of a ConfigParser: attributes, and config["metrics"]."""
-
-    def __getitem__(self, key: str) -> object:
-        return getattr(self, key)
-
-
 def write_every_json(folder: Path, metrics: dict[str, float]) -> dict[str, Path]:
     """Each JSON writer of train.py, test.py and predict.py, given `metrics`: the files, by who
     writes them (the sweep's files: test_every_sweep_file_is_strict_json)."""
@@ -101,11 +94,11 @@ def write_every_json(folder: Path, metrics: dict[str, float]) -> dict[str, Path]
         checkpoint_dir.mkdir(parents=True)
         state = {"model": {}, "config": {}, "epoch": 1, "metrics": metrics}
         save_checkpoint(state, checkpoint_dir / "model_best.pth")
-        config = FoldConfig(
+        config = SimpleNamespace(
             checkpoint_dir=checkpoint_dir, fold=fold, num_folds=2, run_checkpoint_dir=run_dir
         )
-        config.metrics, config.monitor_mode, config.monitor_key = ["accuracy"], "min", "val/loss"
-        finish_fold(config, num_val_samples=3 + fold)
+        config.monitor_mode, config.monitor_key = "min", "val/loss"
+        finish_fold(config, 3 + fold, {"loss", "accuracy"})
     files |= {"result.json": run_dir / "fold-0" / RESULT, SUMMARY: run_dir / SUMMARY}
     return files
 

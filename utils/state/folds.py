@@ -8,7 +8,6 @@ deviation of the folds' values; so folds run one at a time (--fold i) are summar
 to finish, wherever it ran.
 """
 
-import inspect
 import json
 import logging
 import math
@@ -19,8 +18,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-import model.metric as metric_module
-from utils.config.config_checks import metric_names
 from utils.distributed.process_group import ProcessInfo, broadcast_object
 from utils.state.checkpoint import load_checkpoint, write_text_atomic
 from utils.state.run_folder import SUMMARY, default_run_id
@@ -33,10 +30,11 @@ if TYPE_CHECKING:
 RESULT = "result.json"
 
 
-def write_fold_result(config: "ConfigParser", num_val_samples: int | None) -> dict:
+def write_fold_result(config: "ConfigParser", num_val_samples: int | None, means: set[str]) -> dict:
     """Record a finished fold: the epoch and metrics of its model_best.pth (of its last
     checkpoint when trainer.monitor is off), its number of validation samples (None: not known)
-    and which metrics are means over them, which the summary pools. Returns what was written."""
+    and which metrics are means over them (`means`: model.metric.sample_mean_names), which the
+    summary pools. Returns what was written."""
     checkpoint_dir = config.checkpoint_dir
     best = checkpoint_dir / "model_best.pth"
     use_best = config.monitor_mode != "off" and best.is_file()
@@ -48,25 +46,15 @@ def write_fold_result(config: "ConfigParser", num_val_samples: int | None) -> di
         "epoch": state["epoch"],
         "metrics": state["metrics"],
         "num_val_samples": num_val_samples,
-        "sample_means": sample_mean_keys(config["metrics"], state["metrics"]),
+        "sample_means": sample_mean_keys(means, state["metrics"]),
     }
     write_text_atomic(checkpoint_dir / RESULT, json_text(result))
     return result
 
 
-def sample_mean_keys(entries: list, metrics: dict[str, float]) -> list[str]:
-    """The val/ keys of `metrics` that are means over the validation samples: the loss and every
-    metric given as a function (model/metric.py: a per-sample sum over num_samples), also of the
-    averaged weights (val/ema_<name>). A StatefulMetric (F1, R2, RMSE) or a torchmetrics class
-    is not one, and the checkpoint keeps its value, not the sums it would pool from."""
-    functions = {
-        name
-        for name, entry in zip(metric_names(entries), entries, strict=True)
-        if not inspect.isclass(
-            getattr(metric_module, entry if isinstance(entry, str) else entry["type"], None)
-        )
-    }
-    means = {"loss", *functions}
+def sample_mean_keys(means: set[str], metrics: dict[str, float]) -> list[str]:
+    """The val/ keys of `metrics` that are means over the validation samples (`means`, by name:
+    model.metric.sample_mean_names), also of the averaged weights (val/ema_<name>)."""
     return [
         key
         for key in metrics
@@ -152,9 +140,11 @@ def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> 
     }
 
 
-def finish_fold(config: "ConfigParser", num_val_samples: int | None) -> dict | None:
+def finish_fold(
+    config: "ConfigParser", num_val_samples: int | None, means: set[str]
+) -> dict | None:
     """Write the fold's result and, when every fold has one, the summary; returns the summary."""
-    write_fold_result(config, num_val_samples)
+    write_fold_result(config, num_val_samples, means)
     run_dir = config.run_checkpoint_dir
     summary = summarize_folds(run_dir, config.num_folds, (config.monitor_mode, config.monitor_key))
     if summary is None:
