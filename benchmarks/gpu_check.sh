@@ -34,6 +34,7 @@ knobs_tolerance=0.02     # |val/accuracy - fp32's| for every knob
 knobs_min_accuracy=0.95  # fp32's val/accuracy after 3 epochs of the demo (0.985 on a CPU)
 pipeline_min_ratio=2     # samples/s of pipeline "device" / the DataLoader's (17.6 on a CPU)
 decode_min_ratio=1       # samples/s of decode "device" (nvJPEG) / PIL in the workers
+decode_max_mean=3        # mean |nvJPEG - PIL| in levels (nvJPEG upsamples colour differently)
 augment_max_syncs=1      # host-device syncs per batch of decode "device" with auto_augment
 recipe_min_accuracy=0.89 # config.json's val/accuracy (91.08 to 91.46 % on a CPU)
 airbench_max_ratio=3     # seconds per training FLOP of the recipe / of airbench94, same images
@@ -42,16 +43,17 @@ lightning_max_ratio=1.1  # whole-process seconds of train.py / of Lightning, one
 # name, limit in seconds, what passes. Sized for an H200: a process spends 5-10 s importing
 # torch and starting CUDA, torch.compile 20-40 s.
 steps=(
-    "gpu_tests|45|no gpu-marked test fails; only the two-GPU test may skip"
+    "gpu_tests|41|no gpu-marked test fails; only the two-GPU test may skip"
     "resume|23|2 runs stopped mid-epoch and resumed end bit-exact (weights, optimizer, loss)"
     "fsdp|60|FSDP trains with SGD (and resumes) and with AdamW: exit 0, finite loss"
     "compile|45|0 recompilations after epoch 1 of 3 (validation's in epoch 1 seen)"
     "tf32_compile|35|compile with tf32: 0 recompilations after epoch 1, old TF32 flags read True"
-    "knobs|38|fp32 >= $knobs_min_accuracy, each knob within $knobs_tolerance of fp32"
+    "knobs|34|fp32 >= $knobs_min_accuracy, each knob within $knobs_tolerance of fp32"
     "device_pipeline|28|pipeline device >= ${pipeline_min_ratio}x the DataLoader's samples/s, decode device >= ${decode_min_ratio}x PIL's"
+    "device_decode|12|nvJPEG within $decode_max_mean levels of PIL on average (grayscale, CMYK, EXIF); a truncated JPEG a one-line DataError; the memory full: OutOfMemoryError, not PIL, and device_split's one line"
     "device_augment|15|alternating flip, decode device: each image mirrored once in 2 passes; auto_augment <= $augment_max_syncs sync per batch in one of 12 passes"
     "cifar_recipe|43|config.json val/accuracy >= $recipe_min_accuracy"
-    "airbench|28|recipe seconds per training FLOP <= ${airbench_max_ratio}x airbench94's on the same images"
+    "airbench|24|recipe seconds per training FLOP <= ${airbench_max_ratio}x airbench94's on the same images"
     "lightning|40|train.py / Lightning whole-process time <= $lightning_max_ratio"
 )
 
@@ -75,6 +77,10 @@ cmd_knobs() {
 cmd_device_pipeline() {
     step_command=("$python" benchmarks/input_pipeline.py --device cuda --num-workers 8
         --jpeg-images 512 --min-ratio "$pipeline_min_ratio" --min-decode-ratio "$decode_min_ratio")
+}
+cmd_device_decode() {
+    step_command=("$python" benchmarks/gpu/device_decode.py --device cuda --work "$1"
+        --max-mean "$decode_max_mean")
 }
 cmd_device_augment() {
     step_command=("$python" benchmarks/gpu/device_augment.py --device cuda --work "$1"

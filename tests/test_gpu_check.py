@@ -14,12 +14,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import NUM_EXAMPLES, ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import ExifTags, Image
 
 from data_loader.data_loaders import ImageFolderDataLoader
 from model.fast_cifar import FastCifarCNN
+from utils.util import DataError
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 WINDOW = 420  # seconds: 7 minutes of a borrowed GPU, start-up excluded, with room to rerun
@@ -56,7 +59,9 @@ def test_the_plan_fits_the_window_and_every_step_names_a_threshold(how):
     assert int(total[1]) <= WINDOW
     steps = [row for row in counted if row[0] not in ("preflight", "wrap_up")]
     assert [row[0] for row in steps][: len(VALUE_ORDER)] == VALUE_ORDER
-    assert {"device_pipeline", "device_augment", "cifar_recipe", "lightning"} <= limits.keys()
+    assert {"device_pipeline", "device_decode", "device_augment", "cifar_recipe", "lightning"} <= (
+        limits.keys()
+    )
     for name, limit, threshold, *_ in steps:
         assert threshold.strip(), f"{name} names no threshold"
         assert limit.isdigit() and int(limit) > 5, name  # 5 s: the kill's grace, inside the limit
@@ -251,6 +256,103 @@ def test_syncs_are_judged_on_the_first_steady_pass(num_examples):
 
     check()
     assert augment.steady_syncs_per_batch(lambda epoch: 32, 1, 1.0, 12) == ([32.0] * 12, False)
+
+
+# --- decode "device" against PIL, and how it fails (step "device_decode") --------------------
+
+
+@pytest.fixture(scope="module")
+def decode_check(tmp_path_factory):
+    """device_decode.py, its JPEGs, and decode "device"'s batches on the CPU's decoder."""
+    check = benchmark("device_decode")
+    root = tmp_path_factory.mktemp("device_decode")
+    return check, check.write_jpegs(root), check.device_batches(root, "cpu")
+
+
+def test_the_decode_steps_jpegs_are_what_it_checks_and_the_cpus_decoder_passes(
+    decode_check, tmp_path, capsys
+):
+    """Grayscale, CMYK, every EXIF Orientation and a truncated file PIL refuses; the CPU's
+    decoder (libjpeg-turbo, as PIL's) equals PIL on every one and refuses the truncated one in
+    one line, so the step's first run on a GPU judges nvJPEG, not the script. Without CUDA the
+    step says why it did nothing."""
+    check, paths, _ = decode_check
+    with Image.open(paths["grayscale"]) as gray, Image.open(paths["cmyk"]) as cmyk:
+        assert (gray.mode, cmyk.mode) == ("L", "CMYK")
+    for orientation in range(1, 9):
+        with Image.open(paths[f"orientation-{orientation}"]) as image:
+            assert image.getexif()[ExifTags.Base.Orientation] == orientation
+    with pytest.raises(OSError), Image.open(paths["truncated"]) as image:
+        image.load()
+    strict = ["--max-mean", "0.01", "--max-difference", "0"]
+    assert check.main(["--work", str(tmp_path / "cpu"), "--device", "cpu", *strict]) == 0
+    figure = capsys.readouterr().out.splitlines()[-1]
+    assert "10 JPEGs against PIL" in figure and "max 0 levels" in figure, figure
+    assert "truncated: one-line DataError naming it" in figure, figure
+    if not torch.cuda.is_available():
+        assert check.main(["--work", str(tmp_path / "gpu")]) == 0
+        assert "figure: skipped: no CUDA device" in capsys.readouterr().out
+
+
+def damaged(batches, path, damage: str) -> SimpleNamespace:
+    """`batches` whose decode gets the image of `path` wrong as a device decoder could."""
+
+    def decode(data, orientations, names):
+        images = batches.decode(data, orientations, names)
+        return [
+            DAMAGES[damage](image) if name == str(path) else image
+            for image, name in zip(images, names, strict=True)
+        ]
+
+    return SimpleNamespace(decode=decode)
+
+
+DAMAGES = {
+    "not turned": lambda image: image.transpose(-2, -1),  # the tag ignored: 90 degrees off
+    "mirrored": lambda image: image.flip(-1),
+    "inverted": lambda image: 255 - image,  # Adobe CMYK read without its inversion
+    "grey": lambda image: image.float().mean(0, keepdim=True).expand(3, -1, -1).to(torch.uint8),
+    "off by 41 at a pixel": lambda image: image.index_put(
+        (torch.tensor([0]), torch.tensor([0]), torch.tensor([0])),
+        (image[0, 0, 0].int() + 41).remainder(256).to(torch.uint8),
+    ),
+}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    name=st.sampled_from(["grayscale", "cmyk", *(f"orientation-{n}" for n in range(1, 9))]),
+    damage=st.sampled_from(sorted(DAMAGES)),
+)
+def test_the_pixel_check_fails_when_any_image_decodes_wrong(decode_check, name, damage):
+    """One image of the batch decoded wrong (the way nvJPEG could: its tag ignored, mirrored,
+    CMYK uninverted, grey, one pixel far off) fails the check, whichever image and however."""
+    check, paths, batches = decode_check
+    if damage == "grey" and name == "grayscale":
+        damage = "inverted"  # a grayscale image is grey already
+    ok, text = check.check_pixels(damaged(batches, paths[name], damage), paths, 3.0, 40.0)
+    assert not ok and text.endswith(f"off: {name}"), text
+    assert check.check_pixels(batches, paths, 3.0, 40.0)[0]
+
+
+def test_the_truncated_check_wants_the_one_line_dataerror_naming_the_file(decode_check):
+    """A decoder that returns an image for a truncated JPEG (no error: trained on as grey), or
+    an error in more than one line, fails the check."""
+    check, paths, batches = decode_check
+    assert check.check_truncated(batches, paths) == (
+        True,
+        "truncated: one-line DataError naming it",
+    )
+
+    def lenient(data, orientations, names):
+        return [torch.full((3, 48, 40), 128, dtype=torch.uint8) for _ in names]
+
+    def two_lines(data, orientations, names):
+        raise DataError(f"{names[-1]}: unreadable\nsee above")
+
+    ok, text = check.check_truncated(SimpleNamespace(decode=lenient), paths)
+    assert not ok and "decoded without an error" in text
+    assert not check.check_truncated(SimpleNamespace(decode=two_lines), paths)[0]
 
 
 @pytest.mark.parametrize(
