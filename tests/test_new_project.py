@@ -593,3 +593,22 @@ def test_every_script_a_copys_readme_runs_is_in_the_copy() -> None:
     assert "python new_project.py" not in readme
     assert "copier update --defaults --vcs-ref HEAD" in readme
     assert len(readme.splitlines()) <= len((ROOT / "README.md").read_text().splitlines())
+
+
+def test_a_copys_files_name_no_file_it_lacks() -> None:
+    """A copy has no new_project.py, lean_copy.py or copier.yml, yet its requirements-extras.txt
+    and pyproject.toml said copier was "for new_project.py", when a copy needs it for `copier
+    update`. Exempt: docs/new-project.md (how the copy was made) and tests/ (those that run
+    new_project.py skip in a copy)."""
+    lacks = ["copier.yml", "new_project.py", "lean_copy.py"]
+    named = re.compile(rf"(?<![\w./-])(?:{'|'.join(map(re.escape, lacks))})(?![\w-])")
+    files = [n for n in git("ls-files", cwd=ROOT).split() if (ROOT / n).is_file()]
+    found = []
+    for name in sorted(set(files) - set(lacks)):
+        if name == "docs/new-project.md" or name.startswith("tests/") or name.endswith(".png"):
+            continue
+        text = (ROOT / name).read_text(encoding="utf-8")
+        text = new_project.readme_in_a_copy(text) if name == "README.md" else text
+        found += [f"{name}:{i}: {line}" for i, line in enumerate(text.splitlines(), 1)
+                  if named.search(line)]  # fmt: skip
+    assert not found, found
