@@ -16,6 +16,8 @@ Two kinds of change (tests/test_new_project.py runs them on the template's files
 import ast
 import fnmatch
 import re
+from collections.abc import Iterable
+from pathlib import Path
 
 # The lean block of copier.yml: "# part: what it is" lines, then its "/path" patterns.
 LEAN_BLOCK = re.compile(r"\{% if lean %\}(.*?)\{% endif %\}", re.DOTALL)
@@ -258,3 +260,26 @@ def lean_text(name: str, text: str, modules: set[str], named: re.Pattern) -> str
         if name.startswith("tests/"):
             text = without_tests_of(text, named)
     return text
+
+
+def texts(root: Path, folder: Path, files: Iterable[str] = ()) -> dict[str, str]:
+    """{file: new text} for each file of `folder` (the template `root`, or a lean copy of it)
+    that a lean copy changes: those EDITS names, and among `files` its Python and Markdown files.
+    ValueError when an edit no longer applies to the file."""
+    parts = lean_parts((root / "copier.yml").read_text(encoding="utf-8"))
+    patterns = [pattern for part in parts.values() for pattern in part]
+    modules = left_out_modules(patterns)
+    named = mention(patterns, modules)
+    names = {name for name, _, _ in EDITS} | {n for n in files if n.endswith((".py", ".md"))}
+    changed = {}
+    for name in sorted(name for name in names if not is_left_out(name, patterns)):
+        if not (folder / name).is_file():
+            raise ValueError(f"lean_copy.EDITS names {name}, which {folder} does not have")
+        text = (folder / name).read_text(encoding="utf-8")
+        try:
+            new = lean_text(name, text, modules, named)
+        except ValueError as error:
+            raise ValueError(f"{error}: the template changed; update lean_copy.py") from None
+        if new != text:
+            changed[name] = new
+    return changed

@@ -85,31 +85,14 @@ def record_commit(root: Path, target: Path, commit: str | None) -> None:
 
 
 def lean_texts(root: Path, folder: Path, files: Iterable[str] = ()) -> dict[str, str]:
-    """{file: new text} for each file of `folder` (the template `root`, or a lean copy of it)
-    that a lean copy changes (lean_copy.py): those lean_copy.EDITS names, and among `files` its
-    Python and Markdown files.
-    CopyError when an edit no longer applies to the file."""
+    """lean_copy.texts: the files a lean copy changes, with their new text; its ValueError (an
+    edit that no longer applies) a one-line refusal."""
     import lean_copy
 
-    parts = lean_copy.lean_parts((root / "copier.yml").read_text(encoding="utf-8"))
-    patterns = [pattern for part in parts.values() for pattern in part]
-    modules = lean_copy.left_out_modules(patterns)
-    named = lean_copy.mention(patterns, modules)
-    names = {name for name, _, _ in lean_copy.EDITS} | {
-        n for n in files if n.endswith((".py", ".md"))
-    }
-    changed = {}
-    for name in sorted(name for name in names if not lean_copy.is_left_out(name, patterns)):
-        if not (folder / name).is_file():
-            raise CopyError(f"lean_copy.EDITS names {name}, which {folder} does not have")
-        text = (folder / name).read_text(encoding="utf-8")
-        try:
-            new = lean_copy.lean_text(name, text, modules, named)
-        except ValueError as error:
-            raise CopyError(f"{error}: the template changed; update lean_copy.py") from None
-        if new != text:
-            changed[name] = new
-    return changed
+    try:
+        return lean_copy.texts(root, folder, files)
+    except ValueError as error:
+        raise CopyError(str(error)) from None
 
 
 # A copy's README section in place of new_project.py's (not in a copy): copier updates it.
