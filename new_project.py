@@ -192,6 +192,21 @@ def create(root: Path, target: Path, project_name: str, *, lean: bool) -> None:
         raise
 
 
+def changed_files(target: Path) -> list[str]:
+    """The copy's changed and new files, named from it: its own alone where it is a folder of a
+    larger repository, whose root git names them from (a conflict went unseen)."""
+    prefix = git("rev-parse", "--show-prefix", cwd=target).stdout.strip()
+    # -z: names as they are (plain --porcelain quotes one with a space or a non-ASCII letter, and
+    # a conflict in it went unseen); a rename's entry is followed by its old name.
+    fields = git("status", "--porcelain", "-z", "--untracked-files=all", "--", ".", cwd=target)
+    changed, entries = [], iter(fields.stdout.split("\0"))
+    for entry in filter(None, entries):
+        changed.append(entry[3:].removeprefix(prefix))
+        if entry[0] in "RC":
+            next(entries)  # the old name
+    return changed
+
+
 def update(root: Path, target: Path) -> int:
     """Merge the template's commits since the copy's into it; 1 when conflicts are left."""
     import copier
@@ -208,7 +223,7 @@ def update(root: Path, target: Path) -> int:
         source = recorded or "unknown"
         raise CopyError(f"{target}: copied from {source}, not {root}; run that template's "
                         f"new_project.py, or set _src_path in {ANSWERS} and commit")  # fmt: skip
-    if git("status", "--porcelain", cwd=target).stdout.strip():
+    if changed_files(target):
         raise CopyError(f"{target}: uncommitted changes; commit them first (an update merges)")
     commit = template_commit(root)
     try:
@@ -219,14 +234,7 @@ def update(root: Path, target: Path) -> int:
     except Exception as error:  # copier's errors: a one-line refusal
         raise CopyError(f"{target}: copier update failed: {error}") from None
     record_commit(root, target, commit)
-    # -z: names as they are (plain --porcelain quotes one with a space or a non-ASCII letter, and
-    # a conflict in it went unseen); a rename's entry is followed by its old name.
-    fields = git("status", "--porcelain", "-z", "--untracked-files=all", cwd=target).stdout
-    changed, entries = [], iter(fields.split("\0"))
-    for entry in filter(None, entries):
-        changed.append(entry[3:])
-        if entry[0] in "RC":
-            next(entries)  # the old name
+    changed = changed_files(target)
     conflicts = [
         name for name in changed
         if (target / name).is_file() and CONFLICT.search((target / name).read_text(errors="replace"))

@@ -612,3 +612,40 @@ def test_a_copys_files_name_no_file_it_lacks() -> None:
         found += [f"{name}:{i}: {line}" for i, line in enumerate(text.splitlines(), 1)
                   if named.search(line)]  # fmt: skip
     assert not found, found
+
+
+@pytest.mark.parametrize("parent_dirty", [False, True])
+def test_an_update_of_a_copy_inside_a_larger_repository_looks_at_the_copy_alone(
+    parent_dirty: bool, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A copy kept in a larger repository (parent/projects/mine, no .git of its own): git named
+    its files from the parent's root, so the conflict the update left went unseen ("no
+    conflicts", exit 0), and the parent's own uncommitted work refused the update. The copy's
+    files alone count, and the parent's commits and other files stay as they were."""
+    root = fake_template(tmp_path / "template")
+    touch(root / "f.txt", "one\ntwo\n")
+    git("init", "-q", cwd=root)
+    git("add", "-A", cwd=root)
+    git("commit", "-q", "-m", "v1", cwd=root)
+    monkeypatch.setattr(new_project, "__file__", str(root / "new_project.py"))  # main's template
+    parent, copy = tmp_path / "parent", tmp_path / "parent" / "projects" / "mine"
+    touch(parent / "notes.txt", "the parent's\n")
+    git("init", "-q", cwd=parent)
+    assert new_project.main([str(copy)]) == 0
+    shutil.rmtree(copy / ".git")  # now a folder of the parent's repository
+    touch(copy / "f.txt", "one, the user's\ntwo\n")
+    git("add", "-A", cwd=parent)
+    git("commit", "-q", "-m", "the parent, with the copy", cwd=parent)
+    if parent_dirty:  # the parent's uncommitted work, outside the copy
+        touch(parent / "notes.txt", "the parent's, edited\n")
+    head = git("rev-parse", "HEAD", cwd=parent)
+    touch(root / "f.txt", "one, the template's\ntwo\n")
+    git("commit", "-q", "-am", "v2", cwd=root)
+    capsys.readouterr()
+    assert new_project.main(["--update", str(copy)]) == 1
+    line = capsys.readouterr().err.strip()
+    assert "1 with conflicts to resolve" in line and line.endswith(": f.txt"), line
+    assert git("rev-parse", "HEAD", cwd=parent) == head
+    assert (parent / "notes.txt").read_text() == (
+        "the parent's, edited\n" if parent_dirty else "the parent's\n"
+    )
