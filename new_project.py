@@ -207,6 +207,15 @@ def changed_files(target: Path) -> list[str]:
     return changed
 
 
+def deleted_but_changed(root: Path, target: Path, last: str, commit: str | None) -> list[str]:
+    """Files the copy deleted (its own: --relative) that the template changed since `last`: the
+    deletion stands, as copier leaves it, and the user is told of the change it dropped."""
+    diff = ["--name-only", "--no-renames", "-z", "--relative"]  # a rename: a deletion too
+    changed = git("diff", *diff, last, str(commit), "--", ".", cwd=root).stdout.split("\0")
+    gone = git("log", *diff, "--diff-filter=D", "--pretty=format:", cwd=target).stdout.split("\0")
+    return sorted(n for n in set(changed) & set(gone) if n and not (target / n).exists())
+
+
 def update(root: Path, target: Path) -> int:
     """Merge the template's commits since the copy's into it; 1 when conflicts are left."""
     import copier
@@ -216,7 +225,8 @@ def update(root: Path, target: Path) -> int:
     if not answers.is_file():
         raise CopyError(f"{target}: no {ANSWERS}; only a copy made by new_project.py updates")
     try:  # YAML: a path may be written quoted
-        recorded = (yaml.safe_load(answers.read_text()) or {}).get("_src_path")
+        last = yaml.safe_load(answers.read_text()) or {}
+        recorded = last.get("_src_path")
     except (yaml.YAMLError, AttributeError):
         raise CopyError(f"{target}: {ANSWERS} is not copier's answers file") from None
     if not isinstance(recorded, str) or Path(recorded).resolve() != root:
@@ -240,11 +250,14 @@ def update(root: Path, target: Path) -> int:
         if (target / name).is_file() and CONFLICT.search((target / name).read_text(errors="replace"))
     ]  # fmt: skip
     summary = f"Updated {target}: {len(changed)} file(s) changed"
+    deleted = deleted_but_changed(root, target, str(last.get("_commit")), commit)
+    kept = f"; the template changed {len(deleted)} you deleted, left deleted: " if deleted else ""
+    kept += ", ".join(deleted)
     if conflicts:
         print(f"{summary}, {len(conflicts)} with conflicts to resolve (<<<<<<< markers): "
-              f"{', '.join(conflicts)}", file=sys.stderr)  # fmt: skip
+              f"{', '.join(conflicts)}{kept}", file=sys.stderr)  # fmt: skip
         return 1
-    print(f"{summary}, no conflicts. Review with git diff, then commit.")
+    print(f"{summary}, no conflicts{kept}. Review with git diff, then commit.")
     return 0
 
 
@@ -261,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parent
     target = Path(args.target).resolve()
     try:
-        if args.update and importlib.util.find_spec("copier") is None:
+        if importlib.util.find_spec("copier") is None:
             raise CopyError("new_project.py needs copier: pip install copier")
         if args.update:
             return update(root, target)
@@ -275,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         if not PROJECT_NAME.fullmatch(name):
             raise CopyError(f"{name!r}: not a project name (letters, digits, '.', '_', '-'); "
                             "pass --name")  # fmt: skip
-        if importlib.util.find_spec("copier") is None:
-            raise CopyError("new_project.py needs copier: pip install copier")
         create(root, target, name, lean=args.lean)
     except CopyError as error:
         print(f"error: {error}", file=sys.stderr)

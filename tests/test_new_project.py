@@ -649,3 +649,42 @@ def test_an_update_of_a_copy_inside_a_larger_repository_looks_at_the_copy_alone(
     assert (parent / "notes.txt").read_text() == (
         "the parent's, edited\n" if parent_dirty else "the parent's\n"
     )
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    deleted=st.sets(st.sampled_from(["a.txt", "docs/b.md", "my notes.txt"]), min_size=1),
+    changed=st.sets(st.sampled_from(["a.txt", "docs/b.md", "my notes.txt", "kept.txt"])),
+)
+def test_an_update_keeps_a_users_deletion_and_names_the_files_the_template_changed(
+    deleted: set[str], changed: set[str]
+) -> None:
+    """A file the user deleted that the template then changed: copier kept it deleted and said
+    nothing, so the template's change (a fix, say) was dropped unseen. The deletion stands, and
+    the summary names exactly the deleted files the template changed."""
+    names = ["a.txt", "docs/b.md", "my notes.txt", "kept.txt"]
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as monkeypatch:
+        root = fake_template(Path(folder) / "template")
+        for name in names:
+            touch(root / name, "one\ntwo\n")
+        git("init", "-q", cwd=root)
+        git("add", "-A", cwd=root)
+        git("commit", "-q", "-m", "v1", cwd=root)
+        monkeypatch.setattr(new_project, "__file__", str(root / "new_project.py"))
+        copy = Path(folder) / "MyProject"
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert new_project.main([str(copy)]) == 0
+        git("rm", "-q", *deleted, cwd=copy)
+        git("commit", "-q", "-m", "mine", cwd=copy)
+        for name in changed:
+            touch(root / name, "one\ntwo, the template's\n")
+        git("commit", "-q", "--allow-empty", "-am", "v2", cwd=root)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert new_project.main(["--update", str(copy)]) == 0
+        assert not any((copy / name).exists() for name in deleted)
+        told = sorted(deleted & changed)
+        line = out.getvalue().strip()
+        assert ("left deleted" in line) == bool(told), line
+        if told:
+            assert line.split("left deleted: ")[1].split(". ")[0] == ", ".join(told), line
