@@ -3,6 +3,7 @@ the entry points and of the benchmarks the docs name is documented, every flag a
 command passes exists, files they name exist, the step they show is the real one."""
 
 import functools
+import json
 import re
 from pathlib import Path
 
@@ -80,14 +81,44 @@ SCRIPTS = ENTRY_POINTS + [
 FLAG = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 
 
-@functools.cache  # one --help per script and session: each starts an interpreter (2-4 s)
+# Each script's real `--help`, as `python <script> --help` runs it (its folder first on sys.path,
+# run as __main__), but all in one interpreter: one process per script cost about 2-4 s each.
+HELP_ALL = """
+import contextlib, io, json, os, runpy, sys, traceback
+helps = {}
+for script in sys.argv[1:]:
+    sys.argv, out = [script, "--help"], io.StringIO()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exit:
+            code = exit.code or 0
+        except Exception:  # a broken script: its traceback, and the others still run
+            code = 1
+            out.write(traceback.format_exc())
+    del sys.path[0]
+    helps[script] = [code, out.getvalue()]
+print(json.dumps(helps))
+"""
+
+
+@functools.cache  # one interpreter for every script's --help, per session
+def all_help() -> dict[str, tuple[int, str]]:
+    """{script: (exit code, stdout)} of `--help` for every script of SCRIPTS."""
+    result = run_script("-c", HELP_ALL, *SCRIPTS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def help_flags(script: str) -> set[str]:
     """The options `python <script> --help` lists, but -h and --help."""
-    result = run_script(script, "--help")
-    assert result.returncode == 0, result.stderr
+    code, stdout = all_help()[script]
+    assert code == 0, stdout
     # Option lines of argparse's help: "  -c CONFIG, --config CONFIG   help text".
     flags = set()
-    for line in result.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("  -"):
             invocation = re.split(r"\s{2,}", line.strip())[0]
             flags.update(FLAG.findall(invocation))
