@@ -10,7 +10,9 @@ python predict.py -r saved/models/Segment_Shapes/<run_id>/model_best.pth images/
 import argparse
 import os
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 
 def positive_int(text: str) -> int:
@@ -42,13 +44,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# Rows of a CSV file read at a time (a loader's read_input_chunks): what predict.py holds of an
+# input of millions of rows, with one batch of its outputs.
+CHUNK_ROWS = 65536
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from utils import UserError
     from utils.distributed.device import gpu_indices
     from utils.distributed.process_group import one_process
-    from utils.evaluation.predictions import format_rows, output_path
-    from utils.state.checkpoint import write_text_atomic
+    from utils.evaluation.predictions import output_path
 
     try:
         one_process("predict.py", "print every row and write --out")
@@ -56,32 +62,29 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu_indices(args.device)
         # Refused before the work, not after it; never the checkpoint, even with --force.
         out = output_path(args.out, args.force, [args.resume])
-        rows, num_inputs, flat = predict(args, out)
-        if out is not None:
-            try:
-                write_text_atomic(out, format_rows(rows, out.suffix.lower(), flat=flat))
-            except OSError as error:
-                raise UserError(f"--out {out}: cannot write ({error.strerror})") from None
+        num_unread, num_inputs = predict(args, out)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if len(rows) < num_inputs:
+    if num_unread:
         print(
-            f"error: {num_inputs - len(rows)} of {num_inputs} files could not be read (named "
-            "above); the others were predicted",
+            f"error: {num_unread} of {num_inputs} files could not be read (named above); the "
+            "others were predicted",
             file=sys.stderr,
         )
         return 1
     return 0
 
 
-def predict(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int, bool]:
-    """(one row per prediction, the number of inputs, whether the rows are the loader's own
-    flat rows): images, or the rows the checkpoint's data loader reads from each input (its
-    classmethod read_inputs); through its classmethod prediction_rows when it has one. Every
-    input is read and every file to write checked before the first is written."""
+def predict(args: argparse.Namespace, out: Path | None) -> tuple[int, int]:
+    """(the number of inputs that could not be read, of how many) once every row is printed
+    and written to `out`: images, or the rows the checkpoint's data loader reads from each
+    input (its classmethods read_input_chunks or read_inputs); through its classmethod
+    prediction_rows when it has one. Every input is read and every file to write checked
+    before the first is written."""
     import data_loader.data_loaders as data_module
     from build import load_inference_model, weights_note
+    from utils import UserError
     from utils.evaluation.predictions import check_outputs, image_paths, output_folder
     from utils.evaluation.tta import as_evaluated
 
@@ -99,14 +102,18 @@ def predict(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int
             note = "no feature names (an older checkpoint): columns are read by position"
             print(f"warning: {args.resume}: {note}", file=sys.stderr)
         section = config["data_loader"]["args"]
-        read = [loader_class.read_inputs(Path(text), section, columns) for text in args.inputs]
-        # The model's check (BaseModel.check_inputs) of every file before the first prediction:
-        # one line for a token outside a GRU's vocabulary, not an IndexError from its forward.
+        sources = [input_source(loader_class, Path(text), section, columns) for text in args.inputs]
+        # Every row of every input read and checked before the first prediction (a bad row at
+        # the end of a long file is one line, and --out stays as it was), by the model's check
+        # (BaseModel.check_inputs) too: a token outside a GRU's vocabulary is one line, not an
+        # IndexError from its forward.
         check = getattr(model, "check_inputs", None)  # a torchvision model has none
-        for text, (_, inputs) in zip(args.inputs, read, strict=True):
-            if check is not None:
-                check(inputs, text)
-        names = [name for batch_names, _ in read for name in batch_names]
+        names = []
+        for text, source in zip(args.inputs, sources, strict=True):
+            for chunk_names, inputs in source():
+                if check is not None:
+                    check(inputs, text)
+                names += chunk_names if out_dir is not None else []
     else:
         paths = image_paths(args.inputs)
         names = [str(path) for path in paths]
@@ -119,76 +126,89 @@ def predict(args: argparse.Namespace, out: Path | None) -> tuple[list[dict], int
         out_dir.mkdir(exist_ok=True)
     # The model test.py scores: averaged over the run's test-time augmentation views (tta_*).
     model = as_evaluated(model, config["trainer"])
-    if hasattr(loader_class, "read_inputs"):
-        return predict_rows(args, model, state, loader_class, read, out_dir), len(args.inputs), flat
-    if flat:  # images through the run's evaluation transform, then the loader's rows
+    if flat:  # a loader's own rows, of its inputs or of images through the evaluation transform
         from build import input_transform
         from data_loader.data_loaders import load_image
         from utils.evaluation.predictions import hooked_rows
 
-        inputs = [input_transform(config)(load_image(str(path))) for path in paths]
-        rows = hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)
-        return rows, len(paths), flat
-    return predict_images(args, paths, model, config, state), len(paths), flat
-
-
-def predict_rows(
-    args: argparse.Namespace,
-    model: object,
-    state: dict,
-    loader_class: type,
-    read: list[tuple[list[str], object]],
-    out_dir: Path | None,
-) -> list[dict]:
-    """The rows of what loader_class.read_inputs read from each input (read: its (names,
-    inputs) per input), through the model: the rows of its prediction_rows when it has one
-    (then read_inputs may give a list of inputs of any shapes, e.g. images of several sizes),
-    else a classifier's top-k classes, else the output values of each row."""
-    import torch
-
-    from utils import UserError
-    from utils.evaluation.predictions import class_labels, hooked_rows
-
-    rows: list[dict] = []
-    flat = hasattr(loader_class, "prediction_rows")
-    for names, inputs in read:
-        if flat:
-            inputs = list(inputs)
-            rows += hooked_rows(model, state, loader_class, names, inputs, args.batch_size, out_dir)
-            continue
-        with torch.inference_mode():
-            outputs = torch.cat(
-                [
-                    model(inputs[i : i + args.batch_size])
-                    for i in range(0, len(inputs), args.batch_size)
-                ]
+        if hasattr(loader_class, "read_inputs"):
+            read = [
+                (chunk_names, list(inputs))
+                for source in sources
+                for chunk_names, inputs in source()
+            ]
+        else:
+            read = [(names, [input_transform(config)(load_image(name)) for name in names])]
+        rows = [
+            row
+            for chunk_names, inputs in read
+            for row in hooked_rows(
+                model, state, loader_class, chunk_names, inputs, args.batch_size, out_dir
             )
-        # A classifier's names, one per output (or indices, with a warning, when they disagree).
-        named = bool(state.get("class_names"))
-        classes = class_labels(state, outputs.shape[1], args.resume) if named else []
-        for name, output in zip(names, outputs.float(), strict=True):
-            if classes:
-                top = output.softmax(dim=0).topk(min(args.top_k, len(classes)))
-                labels = [classes[index] for index in top.indices.tolist()]
-                rows.append({"path": name, "labels": labels, "probabilities": top.values.tolist()})
-                shown = "  ".join(
-                    f"{k} {v:.4f}" for k, v in zip(labels, top.values.tolist(), strict=True)
-                )
-            else:
-                rows.append({"path": name, "values": output.reshape(-1).tolist()})
-                # In full: each float32's shortest decimal that reads back as it (not 6 digits)
-                shown = "  ".join(str(value) for value in output.reshape(-1).cpu().numpy())
-            print(f"{name}  {shown}")
-    if not rows:
-        raise UserError(f"{', '.join(args.inputs)}: no rows to predict")
-    return rows
+        ]
+        if not rows:
+            raise UserError(f"{', '.join(args.inputs)}: no rows to predict")
+        write_out(out, lambda stream: stream and stream.write(rows), flat=True)
+        return 0, len(args.inputs)
+    if hasattr(loader_class, "read_inputs"):
+        from utils.evaluation.row_stream import predict_rows
+
+        files = (source() for source in sources)  # each read again, a chunk at a time
+        write_out(out, lambda stream: predict_rows(args, model, state, files, stream))
+        return 0, len(args.inputs)
+    produce = lambda stream: predict_images(args, paths, model, config, state, stream)  # noqa: E731
+    num_rows = write_out(out, produce)
+    return len(paths) - num_rows, len(paths)
+
+
+def input_source(
+    loader_class: type, path: Path, args: dict, columns: list[str] | None
+) -> Callable[[], Iterable[tuple[list[str], Any]]]:
+    """The chunks (names, inputs) of one input, each time they are asked for: read again, a
+    chunk at a time, by a loader with read_input_chunks (a table of millions of rows), else read
+    once, whole, by read_inputs and kept."""
+    if hasattr(loader_class, "read_input_chunks"):
+        return lambda: loader_class.read_input_chunks(path, args, columns, CHUNK_ROWS)
+    read = [loader_class.read_inputs(path, args, columns)]
+    return lambda: read
+
+
+def write_out(out: Path | None, produce: Callable[[Any], Any], *, flat: bool = False) -> Any:
+    """What produce(stream) returns, the rows it gives `stream` (a RowStream; None without
+    --out) written to --out atomically: under a temporary name, renamed onto `out` once every
+    row is written, so that an error on the way leaves the file as it was. flat: a loader's
+    own rows (format_rows' flat=True)."""
+    from utils import UserError
+    from utils.evaluation.row_stream import RowStream
+    from utils.state.checkpoint import write_atomic
+
+    if out is None:
+        return produce(None)
+    produced = []
+
+    def write(file: BinaryIO) -> None:
+        stream = RowStream(file, out.suffix.lower(), flat=flat)
+        produced.append(produce(stream))
+        stream.finish()
+
+    try:
+        write_atomic(out, write)
+    except OSError as error:
+        raise UserError(f"--out {out}: cannot write ({error.strerror})") from None
+    return produced[0]
 
 
 def predict_images(
-    args: argparse.Namespace, paths: list[Path], model: object, config: object, state: dict
-) -> list[dict]:
-    """One row {"path", "labels", "probabilities"} per readable image, in the order of `paths`;
-    each row is printed as it comes and each unreadable file reported on stderr."""
+    args: argparse.Namespace,
+    paths: list[Path],
+    model: object,
+    config: object,
+    state: dict,
+    stream: Any = None,
+) -> int:
+    """The number of readable images, of `paths`: one row {"path", "labels", "probabilities"}
+    each, in their order, printed and written to `stream` (a RowStream) as its batch comes;
+    each unreadable file reported on stderr."""
     import logging
 
     import torch
@@ -212,7 +232,7 @@ def predict_images(
     if options["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
     dtype = amp_dtype(options["amp"] if options["amp"] in capabilities(device).autocast else None)
-    rows: list[dict] = []
+    num_rows = 0
     labels: list[str] = []
     # Drawn only on a terminal and for more than one batch; rows go to stdout around it.
     long = len(paths) > args.batch_size
@@ -238,6 +258,7 @@ def predict_images(
             )
         labels = labels or class_labels(state, logits.shape[1], args.resume)
         top = logits.float().softmax(dim=1).topk(min(args.top_k, logits.shape[1]), dim=1)
+        rows = []
         for path, values, indices in zip(
             readable, top.values.tolist(), top.indices.tolist(), strict=True
         ):
@@ -246,8 +267,11 @@ def predict_images(
             pairs = zip(names, values, strict=True)
             shown = "  ".join(f"{name} {value:.4f}" for name, value in pairs)
             progress.write(f"{path}  {shown}", file=sys.stdout)
+        if stream is not None:
+            stream.write(rows)
+        num_rows += len(rows)
     progress.close()
-    return rows
+    return num_rows
 
 
 if __name__ == "__main__":

@@ -2,11 +2,8 @@
 pip install scikit-learn: nothing is downloaded). The non-image example of the template:
 configs/tabular.json (a regression) and configs/wine.json (a classification)."""
 
-import csv
 import hashlib
-import math
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +12,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from base.base_data_loader import BaseDataLoader
+from data_loader.csv_table import read_csv, read_csv_chunks
 from utils.data.splits import holdout_split, split_digest
 from utils.util import ConfigValueError, DataError, is_number
 
@@ -26,86 +24,6 @@ SKLEARN_SETS = {
     "breast_cancer": "classification",
 }
 TASKS = ("regression", "classification")
-# Cell separators other than the comma that a "CSV" file may have been saved with.
-SEPARATORS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
-
-
-def read_csv(
-    path: Path, target: str | None, features: list[str] | None = None
-) -> tuple[np.ndarray, np.ndarray | None, list[str], list[int]]:
-    """(features float32 (N, F), the `target` column (None without one), feature names, the line
-    of the file each row starts on) of a CSV file with a header row. The features are the
-    columns named `features`, in that order, the other columns left out; by default every
-    column but the target, in the file's order."""
-    try:  # utf-8-sig: Excel's "CSV UTF-8" starts with a byte order mark, not part of a name
-        with path.open(newline="", encoding="utf-8-sig") as file:
-            reader = csv.reader(file)
-            rows, ends = [], []
-            for row in reader:  # a quoted cell may hold line breaks: a row is not a line
-                rows.append(row)
-                ends.append(reader.line_num)
-    except OSError as error:
-        raise DataError(f"{path}: cannot read ({error.strerror})") from None
-    except UnicodeDecodeError as error:  # e.g. Excel's plain "CSV", in the system's code page
-        byte = error.object[error.start]
-        raise DataError(
-            f"{path}: not UTF-8 text (byte 0x{byte:02x}): save it as CSV UTF-8"
-        ) from None
-    if len(rows) < 2:
-        raise DataError(f"{path}: a header row and at least one row of values are needed")
-    header, body = rows[0], rows[1:]
-    # Excel, where the decimal mark is a comma, saves "CSV" with semicolons: one column, then.
-    one_cell = header[0] if len(header) == 1 else ""
-    separators = [name for mark, name in SEPARATORS.items() if mark in one_cell]
-    if separators:
-        raise DataError(
-            f"{path}: its cells are separated by {separators[0]}, not commas: save it as CSV with "
-            "commas between cells and points in numbers"
-        )
-    lines = [end + 1 for end in ends[:-1]]  # each row starts after the one before it ends
-    repeated = [name for name, count in Counter(header).items() if count > 1]
-    if repeated:
-        raise DataError(f"{path}: two columns are named {repeated[0]!r}")
-    columns = [name for name in header if name != target] if features is None else features
-    missing = [name for name in columns if name not in header]
-    if missing:
-        raise DataError(
-            f"{path}: no column named {', '.join(map(repr, missing))}: the model reads its "
-            f"{len(columns)} feature columns by name (other columns are left out)"
-        )
-    wanted = [*columns, target] if target in header and target not in columns else columns
-    for line, row in zip(lines, body, strict=True):
-        if len(row) != len(header):
-            raise DataError(f"{path}:{line}: {len(row)} values, but the header has {len(header)}")
-    positions = [header.index(name) for name in wanted]
-    try:
-        values = np.asarray([[row[i] for i in positions] for row in body], dtype=np.float64)
-    except ValueError:
-        values = None
-    # float() reads "nan" and "inf" too: a missing value, refused like an empty cell (one NaN
-    # feature makes the standardisation, and so every output, NaN; a NaN label a class).
-    if values is None or not np.isfinite(values).all():
-        raise not_a_number(path, body, lines, dict(zip(wanted, positions, strict=True)))
-    labels = values[:, len(columns)] if len(wanted) > len(columns) else None
-    return values[:, : len(columns)].astype(np.float32), labels, columns, lines
-
-
-def not_a_number(
-    path: Path, body: list[list[str]], lines: list[int], positions: dict[str, int]
-) -> DataError:
-    """The error naming the first value of the columns read (name: position) that is not a
-    finite number, and its line."""
-    for line, row in zip(lines, body, strict=True):
-        for name, position in positions.items():
-            try:
-                finite = math.isfinite(float(row[position]))
-            except ValueError:
-                finite = False
-            if not finite:
-                return DataError(
-                    f"{path}:{line}: column {name!r}: {row[position]!r} is not a finite number"
-                )
-    return DataError(f"{path}: every value must be a finite number")
 
 
 class TabularDataLoader(BaseDataLoader):
@@ -238,6 +156,16 @@ class TabularDataLoader(BaseDataLoader):
         else:
             features, _, _, lines = read_csv(path, args.get("target", "target"))
         return [f"{path}:{line}" for line in lines], torch.from_numpy(features)
+
+    @classmethod
+    def read_input_chunks(
+        cls, path: Path, args: dict, feature_names: list[str] | None, num_rows: int
+    ) -> Iterator[tuple[list[str], torch.Tensor]]:
+        """read_inputs' rows in chunks of at most num_rows, read as they are taken: predict.py
+        holds one chunk of a file of millions of rows, not the file."""
+        target = None if feature_names is not None else args.get("target", "target")
+        for features, _, _, lines in read_csv_chunks(path, target, feature_names, num_rows):
+            yield [f"{path}:{line}" for line in lines], torch.from_numpy(features)
 
     @classmethod
     def example_inputs(cls, args: dict, model: torch.nn.Module, batch_size: int) -> torch.Tensor:
