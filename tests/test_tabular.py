@@ -7,6 +7,7 @@ run per item trains, predicts or resumes through the entry points, in-process (r
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import re
@@ -723,3 +724,32 @@ def test_a_bad_row_in_the_last_chunk_is_refused_before_a_row_is_printed_or_out_r
     assert result.stderr == f"error: {inputs}:11: column 'b': '' is not a finite number\n"
     assert out.read_bytes() == before
     assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".")) == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    values=st.lists(st.lists(NUMBERS, min_size=2, max_size=2), max_size=12),
+    classes=st.booleans(),
+    cuts=st.lists(st.integers(0, 12)),
+    suffix=st.sampled_from([".csv", ".json"]),
+)
+def test_out_written_a_batch_at_a_time_is_format_rows_of_every_row(values, classes, cuts, suffix):
+    """RowStream (predict.py's --out, streamed) writes the bytes format_rows gives for all the
+    rows at once, however they are cut into batches, none included."""
+    import io
+
+    from utils.evaluation.predictions import format_rows
+    from utils.evaluation.row_stream import RowStream
+
+    if classes:
+        rows = [{"path": f"r{i}", "labels": ["x", "y"], "probabilities": v} for i, v in
+                enumerate(values)]  # fmt: skip
+    else:
+        rows = [{"path": f"r{i}", "values": v} for i, v in enumerate(values)]
+    file = io.BytesIO()
+    stream = RowStream(file, suffix)
+    bounds = [0, *sorted(min(cut, len(rows)) for cut in cuts), len(rows)]
+    for start, end in itertools.pairwise(bounds):
+        stream.write(rows[start:end])
+    stream.finish()
+    assert file.getvalue().decode("utf-8") == format_rows(rows, suffix)
