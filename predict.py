@@ -166,8 +166,9 @@ def input_source(
 ) -> Callable[[], Iterable[tuple[list[str], Any]]]:
     """The chunks (names, inputs) of one input, each time they are asked for: read again, a
     chunk at a time, by a loader with read_input_chunks (a table of millions of rows), else read
-    once, whole, by read_inputs and kept."""
-    if hasattr(loader_class, "read_input_chunks"):
+    once, whole, by read_inputs and kept. A pipe (/dev/stdin, <(zcat rows.csv.gz)) is read once:
+    a second read would find it empty."""
+    if hasattr(loader_class, "read_input_chunks") and path.is_file():
         return lambda: loader_class.read_input_chunks(path, args, columns, CHUNK_ROWS)
     read = [loader_class.read_inputs(path, args, columns)]
     return lambda: read

@@ -10,7 +10,10 @@ import csv
 import itertools
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -646,8 +649,6 @@ def test_predict_holds_a_chunk_of_a_long_file_not_the_file(tmp_path, monkeypatch
     memory: millions of rows were the machine's RAM. Read CHUNK_ROWS at a time and --out
     streamed, its peak of Python allocations (tracemalloc: numpy's arrays too) is the same for
     4 times the rows."""
-    import os
-    import sys
     import tracemalloc
 
     best = trained_checkpoint(tmp_path, None)
@@ -753,3 +754,21 @@ def test_out_written_a_batch_at_a_time_is_format_rows_of_every_row(values, class
         stream.write(rows[start:end])
     stream.finish()
     assert file.getvalue().decode("utf-8") == format_rows(rows, suffix)
+
+
+@pytest.mark.skipif(not Path("/dev/stdin").exists(), reason="no /dev/stdin on this system")
+def test_predict_reads_rows_from_a_pipe_as_from_a_file(tmp_path):
+    """A file is read twice (checked, then predicted a chunk at a time); a pipe
+    (`zcat rows.csv.gz | python predict.py -r CKPT /dev/stdin`) would be empty the second time,
+    so it is read once, whole. The real process: its stdin is the pipe."""
+    best = trained_checkpoint(tmp_path, None)
+    plain = write_csv(tmp_path / "rows.csv", ["a", "b", "c"], features(5).tolist())
+    expected = run_main("predict.py", "-r", str(best), str(plain))
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(
+        [sys.executable, "predict.py", "-r", str(best), "/dev/stdin"],
+        cwd=ROOT, env=environment, input=plain.read_text(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout.replace(str(plain), "/dev/stdin")
