@@ -62,18 +62,19 @@ class TorchvisionModel(BaseModel):
         # pretrained ones are by default (init_weights: torchvision's, without its warning).
         aux_off = {"aux_logits": False, "init_weights": True} if name in AUX_HEADS else {}
         if weights is None:
-            try:
-                self.network = torchvision.models.get_model(
-                    name, num_classes=num_classes, **{**aux_off, **(builder_args or {})}
-                )
-            except TypeError as error:  # an argument the builder does not take
-                raise ConfigValueError(f"builder_args: {name}: {error}") from None
+            self.network = build_network(
+                name, {"num_classes": num_classes, **aux_off}, builder_args
+            )
             return
-        if builder_args:
-            raise ConfigValueError("builder_args: only without weights (they fix the network)")
         if is_weights_file(weights):
-            self.network = torchvision.models.get_model(name, **aux_off)
+            check_transform_input(name, builder_args)
+            self.network = build_network(name, aux_off, builder_args)
             load_weights_file(self.network, Path(weights), skipped=AUX_HEADS.get(name, ()))
+        elif builder_args:
+            raise ConfigValueError(
+                "builder_args: only without weights or with a weights file (torchvision's "
+                "weights fix the network)"
+            )
         else:
             self.network = download_pretrained(name, verify_weights(name, weights))
             if name in AUX_HEADS:  # as the builder does with aux_logits False (it refuses it)
@@ -86,6 +87,27 @@ class TorchvisionModel(BaseModel):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.network(images)
+
+
+def build_network(name: str, defaults: dict[str, Any], builder_args: dict | None) -> nn.Module:
+    """torchvision's `name` built with `defaults` and the config's builder_args over them."""
+    try:
+        return torchvision.models.get_model(name, **{**defaults, **(builder_args or {})})
+    except TypeError as error:  # an argument the builder does not take
+        raise ConfigValueError(f"builder_args: {name}: {error}") from None
+
+
+def check_transform_input(name: str, builder_args: dict | None) -> None:
+    """Refuse GoogLeNet or Inception v3 from a weights file unless builder_args says whether
+    the network rescales its input (transform_input): no state dict records it. torchvision's
+    ImageNet weights expect it (its builder sets it from them), one trained here from scratch
+    does not (the builder's default): a guess would give other logits than those trained."""
+    if name in AUX_HEADS and not isinstance((builder_args or {}).get("transform_input"), bool):
+        raise ConfigValueError(
+            f"builder_args: transform_input: true or false must be given for {name} from a "
+            "weights file: true for torchvision's ImageNet weights, false for a network "
+            "trained here from scratch (as its file's network was trained)"
+        )
 
 
 # torchvision's models of other tasks, what they return and which model here does the task.

@@ -646,8 +646,10 @@ def test_pretrained_weights_of_an_aux_network_load_without_its_aux_heads(
     monkeypatch.setattr(
         torchvision.models._api, "load_state_dict_from_url", lambda *args, **kwargs: pretrained
     )
-    for weights in (str(path), "IMAGENET1K_V1"):
-        model = TorchvisionModel(name, num_classes=5, weights=weights).train()
+    for weights, builder_args in ((str(path), {"transform_input": True}), ("IMAGENET1K_V1", None)):
+        model = TorchvisionModel(
+            name, num_classes=5, weights=weights, builder_args=builder_args
+        ).train()
         state = model.network.state_dict()
         assert not any(key.startswith(f"{aux}.") for key in state)
         for key, value in state.items():
@@ -659,6 +661,82 @@ def test_pretrained_weights_of_an_aux_network_load_without_its_aux_heads(
 def test_aux_logits_are_refused_in_one_line():
     with pytest.raises(ConfigValueError, match=r"aux_logits: inception_v3's auxiliary outputs"):
         TorchvisionModel("inception_v3", num_classes=5, builder_args={"aux_logits": True})
+
+
+def torchvision_aux_file(name: str, tmp_path: Path) -> tuple[Path, dict]:
+    """(file, state dict) of torchvision's `name` as its ImageNet weights are saved: with the
+    auxiliary heads, for a network built with transform_input (which no state dict records)."""
+    builder = getattr(torchvision.models, name)
+    torch.manual_seed(0)
+    pretrained = builder(weights=None, transform_input=True, aux_logits=True, init_weights=False)
+    path = tmp_path / f"{name}.pth"
+    torch.save(pretrained.state_dict(), path)
+    return path, pretrained.state_dict()
+
+
+@pytest.mark.parametrize("name", sorted(AUX_HEADS))
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**16), batch_size=st.integers(1, 3))
+def test_torchvisions_weights_from_a_file_give_the_logits_of_the_named_weights(
+    tmp_path_factory, name, seed, batch_size
+):
+    """The offline route (torchvision's ImageNet state dict saved to a file) computes what the
+    weights= route does: transform_input as builder_args says. Before, the file's network was
+    built without it, its inputs not rescaled as the weights expect: other logits, silently."""
+    path, pretrained = torchvision_aux_file(name, tmp_path_factory.mktemp(name))
+    with pytest.MonkeyPatch.context() as patch:  # hypothesis: no function-scoped fixture
+        patch.setattr(
+            torchvision.models._api, "load_state_dict_from_url", lambda *args, **kw: pretrained
+        )
+        named = TorchvisionModel(name, weights="IMAGENET1K_V1").eval()
+    from_file = TorchvisionModel(
+        name, weights=str(path), builder_args={"transform_input": True}
+    ).eval()
+    images = torch.randn(batch_size, 3, 75, 75, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        assert torch.equal(from_file(images), named(images))
+
+
+@pytest.mark.parametrize("name", sorted(AUX_HEADS))
+def test_an_aux_network_from_a_file_must_say_transform_input(name, tmp_path):
+    """No state dict says whether the network rescaled its input: left out, a one-line error
+    names the key rather than a guess that is wrong for one of the two kinds of file."""
+    path, _ = torchvision_aux_file(name, tmp_path)
+    for builder_args in (None, {"dropout": 0.2}, {"transform_input": "yes"}):
+        with pytest.raises(ConfigValueError, match=r"^builder_args: transform_input: true or"):
+            TorchvisionModel(name, weights=str(path), builder_args=builder_args)
+    for transform_input in (False, True):
+        model = TorchvisionModel(
+            name, weights=str(path), builder_args={"transform_input": transform_input}
+        )
+        assert model.network.transform_input is transform_input
+
+
+def test_a_googlenet_from_a_file_is_tested_and_exported_as_it_was_trained(tmp_path):
+    """Trained from torchvision's weights in a file with transform_input, the network test.py,
+    predict.py, export.py and a resume rebuild from the checkpoint (load_inference_model, the
+    pretrained file unread) computes exactly what the trained one does."""
+    path, _ = torchvision_aux_file("googlenet", tmp_path)
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    arch_args = {"name": "googlenet", "num_classes": 10, "weights": str(path)}
+    config["arch"] = {
+        "type": "TorchvisionModel",
+        "args": {**arch_args, "builder_args": {"transform_input": True}},
+    }
+    config["data_loader"]["args"].update(num_train=40, num_test=8, batch_size=16)
+    config["trainer"].update(epochs=1, tensorboard=False, len_epoch=1)
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(config))
+    assert train.main(["-c", str(config_path), "--run-id", "run"]) == 0
+    checkpoint = tmp_path / "saved" / "models" / config["name"] / "run" / "checkpoint-epoch1.pth"
+    trained = TorchvisionModel(**config["arch"]["args"]).eval()  # as train.py built it
+    path.unlink()  # what the checkpoint's network is built from must not read it
+    rebuilt, _, state = load_inference_model(checkpoint)
+    trained.load_state_dict(state["model"])
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(rebuilt(images), trained(images))
+    assert rebuilt.network.transform_input is True
 
 
 # --- the classification head of every family ------------------------------------------------
@@ -695,7 +773,11 @@ def test_pretrained_weights_keep_all_but_a_resized_head(name, tmp_path):
     path = tmp_path / f"{name}.pth"
     torch.save(pretrained, path)
     num_classes = 2 + sorted(HEADS).index(name)  # a different count per family
-    model = TorchvisionModel(name, num_classes=num_classes, weights=str(path)).eval()
+    # GoogLeNet's and Inception's file says nothing of transform_input: the config does.
+    builder_args = {"transform_input": False} if name in AUX_HEADS else None
+    model = TorchvisionModel(
+        name, num_classes=num_classes, weights=str(path), builder_args=builder_args
+    ).eval()
     state = model.network.state_dict()
     head = f"{HEADS[name]}."
     assert state.keys() == pretrained.keys()
@@ -706,7 +788,9 @@ def test_pretrained_weights_keep_all_but_a_resized_head(name, tmp_path):
             assert torch.equal(value, pretrained[key]), key
     with torch.no_grad():
         assert model(torch.randn(1, 3, 224, 224)).shape == (1, num_classes)
-    same = TorchvisionModel(name, num_classes=1000, weights=str(path)).network.state_dict()
+    same = TorchvisionModel(
+        name, num_classes=1000, weights=str(path), builder_args=builder_args
+    ).network.state_dict()
     assert all(torch.equal(value, pretrained[key]) for key, value in same.items())
 
 
