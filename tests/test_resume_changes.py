@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, run_main, shrink
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from ports import free_port
 from test_distributed import run_torchrun
@@ -529,6 +529,73 @@ def test_a_rebuilt_schedule_counts_the_steps_taken_not_those_skipped(
             assert state["lr_scheduler"]["last_epoch"] == state["global_step"]
 
     check()
+
+
+def same_training_state(first: dict, second: dict) -> bool:
+    """Every weight, optimizer tensor and count of two checkpoints bit-for-bit equal."""
+    if (
+        first["global_step"] != second["global_step"]
+        or first["model"].keys() != second["model"].keys()
+    ):
+        return False
+    tensors = [(first["model"][key], second["model"][key]) for key in first["model"]]
+    for index, state in first["optimizer"]["state"].items():
+        tensors += [
+            (value, second["optimizer"]["state"][index][key]) for key, value in state.items()
+        ]
+    return all(torch.equal(a, b) for a, b in tensors)
+
+
+@pytest.mark.slow
+def test_a_stop_requested_among_skipped_batches_resumes_as_an_uninterrupted_run(
+    stop_at, nonfinite_at, tmp_path
+):
+    """trainer.nonfinite "skip": a stop asked for while groups are skipped waits for the next
+    group that steps (or the epoch's end), and the resumed run finishes exactly as one never
+    stopped: the data position saved is what was consumed, the skipped batches not redone."""
+    trainer = {"epochs": 2, "nonfinite": "skip", "max_skipped_steps": 16}
+    finished, stopped = {}, []
+
+    def final_state(folder: Path, accumulate: int, skipped: set[int], stop: int) -> dict:
+        nonfinite_at.update(batches=skipped, count=0)
+        folder.mkdir()
+        config = demo(folder, f"{accumulate}.json", trainer=trainer)
+        flags = ["--set", f"trainer.grad_accum_steps={accumulate}"]
+        stop_flag = ["--set", f"trainer.args.stop_at_step={stop}"]
+        code = train.main(["-c", str(config), "--run-id", "run", *flags, *stop_flag])
+        run_dir = folder / "saved" / RUN / "run"
+        if code == 143:  # stopped: the resumed part's batches go on counting where it left
+            stopped.append(
+                {path.name: load(path)["position"] for path in run_dir.glob("checkpoint-*")}
+            )
+            go_on = ["--set", "trainer.args.stop_at_step=0"]
+            code = train.main(["-r", str(run_dir), *go_on])
+        assert code == 0
+        return load(run_dir / "checkpoint-epoch2.pth")
+
+    @settings(max_examples=8, deadline=None)
+    @given(
+        accumulate=st.integers(1, 3),
+        skipped=st.sets(st.integers(1, 16), max_size=8),  # of the 16 batches of two epochs
+        stop=st.integers(1, 4),  # asked for at the batch that would take this optimizer step
+    )
+    # Asked for at batch 4 of 8: the rest of epoch 1 is skipped, it stops at the epoch's end.
+    @example(accumulate=1, skipped={4, 5, 6, 7, 8}, stop=4)
+    # Asked for at batch 3, in a skipped group of 2: it stops after the next, batch 6.
+    @example(accumulate=2, skipped={3, 4}, stop=2)
+    def check(accumulate: int, skipped: set[int], stop: int) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            key = (accumulate, frozenset(skipped))
+            if key not in finished:
+                finished[key] = final_state(Path(folder) / "straight", accumulate, skipped, 0)
+            resumed = final_state(Path(folder) / "stopped", accumulate, skipped, stop)
+            assert same_training_state(resumed, finished[key])
+            assert resumed["num_skipped_steps"] == finished[key]["num_skipped_steps"]
+
+    check()
+    # The explicit examples run first: the one at the epoch's end, then the one after batch 6.
+    assert list(stopped[0]) == ["checkpoint-epoch1.pth"]
+    assert stopped[1]["checkpoint-epoch1-step2.pth"]["batches"] == 6
 
 
 def test_a_fine_tune_starts_from_the_weights_its_checkpoint_was_judged_by(
