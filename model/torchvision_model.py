@@ -86,6 +86,17 @@ class TorchvisionModel(BaseModel):
             self.network.set_submodule(head_name, resized_head(head, num_classes))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        # A ViT's position embeddings fix its input size, which torchvision checks with an
+        # assert (a traceback, as for a bug); a ValueError is what the first-batch check, and
+        # the tools, report in one line.
+        size = getattr(self.network, "image_size", None)
+        if isinstance(size, int) and tuple(images.shape[-2:]) != (size, size):
+            height, width = images.shape[-2:]
+            raise ValueError(
+                f"{type(self.network).__name__} takes {size}x{size} images, got "
+                f"{height}x{width}: set arch.args.builder_args image_size (with no weights or "
+                "a weights file) or resize the images"
+            )
         return self.network(images)
 
 
@@ -93,8 +104,9 @@ def build_network(name: str, defaults: dict[str, Any], builder_args: dict | None
     """torchvision's `name` built with `defaults` and the config's builder_args over them."""
     try:
         return torchvision.models.get_model(name, **{**defaults, **(builder_args or {})})
-    except TypeError as error:  # an argument the builder does not take
-        raise ConfigValueError(f"builder_args: {name}: {error}") from None
+    except (TypeError, ValueError) as error:  # an argument the builder does not take, or a
+        # value it refuses (a MaxViT input_size its partitions do not divide), in one line
+        raise ConfigValueError(f"builder_args: {name}: {' '.join(str(error).split())}") from None
 
 
 def check_transform_input(name: str, builder_args: dict | None) -> None:

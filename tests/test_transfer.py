@@ -172,6 +172,50 @@ def test_a_negative_number_of_classes_is_a_config_error():
         TorchvisionModel("resnet18", num_classes=-3)
 
 
+@pytest.fixture(scope="module")
+def vits() -> dict[int, TorchvisionModel]:
+    """Tiny-input ViTs (builder_args image_size), by that size, in evaluation mode."""
+    return {
+        size: TorchvisionModel("vit_b_32", num_classes=3, builder_args={"image_size": size}).eval()
+        for size in (32, 64)
+    }
+
+
+@settings(max_examples=20, deadline=None)
+@given(size=st.sampled_from([32, 64]), height=st.integers(16, 96), width=st.integers(16, 96))
+def test_a_vit_refuses_images_of_another_size_with_a_value_error(vits, size, height, width):
+    """A ViT's position embeddings fix its input size. torchvision asserted it (an
+    AssertionError: the first-batch check took it for a bug in the user's code, a traceback);
+    now a ValueError naming the key, which that check reports in one line."""
+    images = torch.zeros(1, 3, height, width)
+    with torch.no_grad():
+        if (height, width) == (size, size):
+            assert vits[size](images).shape == (1, 3)
+        else:
+            with pytest.raises(ValueError, match=rf"takes {size}x{size} images, got {height}x"):
+                vits[size](images)
+
+
+def test_a_vit_for_224_pixels_on_32_pixel_data_stops_train_py_in_one_line(tmp_path, capsys):
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path / "saved")
+    config["arch"] = {"type": "TorchvisionModel", "args": {"name": "vit_b_32", "num_classes": 10}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    capsys.readouterr()
+    assert train.main(["-c", str(path)]) != 0
+    error = capsys.readouterr().err
+    assert "VisionTransformer takes 224x224 images, got 32x32" in error
+    assert error.count("\n") == 1 and "Traceback" not in error
+
+
+def test_a_builder_value_it_refuses_is_a_one_line_config_error():
+    """torchvision's builders refuse some values with a ValueError (a MaxViT whose partitions
+    do not divide its input_size; several lines): a one-line ConfigValueError naming the key."""
+    with pytest.raises(ConfigValueError, match=r"^builder_args: maxvit_t: Input size") as error:
+        TorchvisionModel("maxvit_t", num_classes=3, builder_args={"input_size": (64, 64)})
+    assert "\n" not in str(error.value)
+
+
 def test_weights_of_another_network_are_refused_in_one_line(resnet18_file):
     with pytest.raises(UserError, match="its weights do not fit torchvision's ResNet"):
         TorchvisionModel("resnet34", num_classes=10, weights=str(resnet18_file))
