@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported in main(), after parsing, so that --help answers at once
     from sweeps.plan import Sweep
+    from sweeps.signals import HeldSignal
     from sweeps.space import Trial
 
 
@@ -55,23 +56,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from logger import setup_logging
-    from sweeps.plan import plan
-    from utils import UserError
+    from sweeps.signals import held_signals
 
-    setup_logging(None)  # the console; the sweep's info.log once its folder exists
-    try:
-        return run(args, plan(args))
-    except UserError as error:  # before any trial runs: a bad flag, space or config
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # a second Ctrl-C, passed on to the trials
-        print("Interrupted at once (second signal): nothing more was saved.", file=sys.stderr)
-        return 130
+    with held_signals() as held:  # first: SLURM's SIGUSR1 may come while torch is imported
+        args = parse_args(argv)
+        from logger import setup_logging
+        from sweeps.plan import plan
+        from utils import UserError
+
+        setup_logging(None)  # the console; the sweep's info.log once its folder exists
+        try:
+            return run(args, plan(args), held)
+        except UserError as error:  # before any trial runs: a bad flag, space or config
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # a second Ctrl-C, passed on to the trials
+            print("Interrupted at once (second signal): nothing more was saved.", file=sys.stderr)
+            return 130
 
 
-def run(args: argparse.Namespace, sweep: "Sweep") -> int:
+def run(args: argparse.Namespace, sweep: "Sweep", held: "HeldSignal") -> int:
     """Write the job array; or run the trials not done yet, K at once, and the summary.
     Returns 1 if a trial failed, 128 + the signal that stopped the sweep, else 0."""
     from logger import setup_logging
@@ -90,10 +94,10 @@ def run(args: argparse.Namespace, sweep: "Sweep") -> int:
     single = args.trial is not None  # array tasks run at the same time: no sweep-wide lock
     with contextlib.nullcontext() if single else locked(sweep.sweep_dir / ".lock", wait=False):
         setup_logging(None if single else sweep.sweep_dir)
-        return run_trials_of(args, sweep)
+        return run_trials_of(args, sweep, held)
 
 
-def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
+def run_trials_of(args: argparse.Namespace, sweep: "Sweep", held: "HeldSignal") -> int:
     """The trials not finished (or pruned) yet, K at once, each recorded as it ends."""
     from sweeps.optuna_search import OptunaTrials
     from sweeps.results import (
@@ -103,10 +107,12 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
         last_error,
         read_status,
         record_path,
+        summarize_sweep,
         write_json,
         write_record,
     )
     from sweeps.runner import run_trials
+    from sweeps.signals import stopped_task_code
 
     logger, folder = logging.getLogger("sweep"), sweep.sweep_dir
     parallel = 1 if args.trial is not None else args.parallel or 1
@@ -159,13 +165,16 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep") -> int:
         parallel=parallel,
         on_epoch=study.on_epoch if study else None,
         requeue_file=starter.requeue_file,
+        signum=held.signum,  # one that came while the sweep was planned: no trial starts
     )
     write_sweep_file(args, sweep, listed())
     summarize_sweep(sweep, listed())
-    if signum is not None:
+    if (signum := signum or held.signum) is not None:  # or one while the summary was written
         logger.info("Stopped: the same command resumes the sweep.")
-        requeue_file = starter.requeue_file
-        return 0 if requeue_file is not None and requeue_file.exists() else 128 + signum
+        if starter.requeue_file is None:
+            return 128 + signum
+        status = read_status(folder, sweep.trials[args.trial])
+        return stopped_task_code(status, starter.requeue_file)
     return 1 if "failed" in ended or (study is not None and study.num_refused) else 0
 
 
@@ -222,21 +231,6 @@ class TrialStarter:
             "%s started: %s (output: %s)", trial.name, describe_values(trial.values), log_path
         )
         return start_process(command, env, log_path), run_dir
-
-
-def summarize_sweep(sweep: "Sweep", trials: list["Trial"]) -> None:
-    """sweep_summary.csv and .json, and the best trials in the log."""
-    from sweeps.results import locked, summarize, top_rows, write_summary
-
-    # Array tasks end at the same time: the last to take the lock sees every record.
-    with locked(sweep.sweep_dir / ".summary.lock", wait=True):
-        pairs = [(trial, sweep.run_dir(trial)) for trial in trials]
-        rows = summarize(sweep.sweep_dir, pairs, mode=sweep.mode, key=sweep.key)
-        write_summary(sweep.sweep_dir, rows, monitor=sweep.monitor, key=sweep.key)
-    logger = logging.getLogger("sweep")
-    logger.info("Trials by %s (%s):", sweep.monitor, sweep.sweep_dir / "sweep_summary.csv")
-    for line in top_rows(rows, key=sweep.key):
-        logger.info("  %s", line)
 
 
 def write_sweep_file(args: argparse.Namespace, sweep: "Sweep", trials: list["Trial"]) -> None:

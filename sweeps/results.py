@@ -20,12 +20,15 @@ import math
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeps.space import SweepError, Trial
 from utils.state.checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from utils.state.run_folder import SUMMARY
 from utils.util import json_text
+
+if TYPE_CHECKING:
+    from sweeps.plan import Sweep
 
 # Statuses a trial keeps: the next run of the sweep skips it. Any other (failed, interrupted,
 # or no record yet: pending) runs again, resuming from the trial's newest checkpoint.
@@ -205,3 +208,16 @@ def top_rows(rows: list[dict], *, key: str, count: int = 5) -> list[str]:
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in table
     ]
+
+
+def summarize_sweep(sweep: "Sweep", trials: list["Trial"]) -> None:
+    """sweep_summary.csv and .json, and the best trials in the log."""
+    # Array tasks end at the same time: the last to take the lock sees every record.
+    with locked(sweep.sweep_dir / ".summary.lock", wait=True):
+        pairs = [(trial, sweep.run_dir(trial)) for trial in trials]
+        rows = summarize(sweep.sweep_dir, pairs, mode=sweep.mode, key=sweep.key)
+        write_summary(sweep.sweep_dir, rows, monitor=sweep.monitor, key=sweep.key)
+    logger = logging.getLogger("sweep")
+    logger.info("Trials by %s (%s):", sweep.monitor, sweep.sweep_dir / "sweep_summary.csv")
+    for line in top_rows(rows, key=sweep.key):
+        logger.info("  %s", line)

@@ -184,6 +184,7 @@ def run_trials(
     parallel: int,
     on_epoch: Callable[[Trial, int, dict], bool] | None = None,
     requeue_file: Path | None = None,
+    signum: int | None = None,
 ) -> int | None:
     """Keep `parallel` trials running until next_trial() has none left; return the signal that
     stopped the sweep, or None.
@@ -191,11 +192,13 @@ def run_trials(
     start(trial, slot) starts one and returns its process and run folder; finish(trial,
     status, exit code, seconds) records it. on_epoch(trial, epoch, metrics) is told of each
     epoch a trial ends and returns True to stop it (pruning). SIGTERM, SIGINT and SIGUSR1 are
-    passed on to the running trials, which save a checkpoint and exit; no new trial starts.
+    passed on to the running trials, which save a checkpoint and exit; no new trial starts
+    (none at all when `signum`, a stop signal that came before, is given).
     """
     running: list[Running] = []
     forwarded = False
     with StopRequest() as stop:
+        stop.signum = signum
         try:
             while True:
                 if stop.signum is not None and not forwarded:

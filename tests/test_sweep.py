@@ -733,6 +733,52 @@ def test_an_array_task_runs_its_trial_and_requeues_at_the_time_limit(slurm_array
     ]
 
 
+# SLURM's SIGUSR1 reaching the batch shell (which passes it on to sweep.py) while sweep.py plans
+# the sweep (imports, checks the config) or writes the summary: outside any trial.
+SIGNAL_OUTSIDE_A_TRIAL = """import os, signal, sys, time
+sys.path.insert(0, {root!r})
+import {module} as module
+
+def signalled(*args, **kwargs):
+    os.kill(os.getppid(), signal.SIGUSR1)
+    time.sleep(2)  # the shell's trap passes it on to sweep.py meanwhile
+    return original(*args, **kwargs)
+
+original, module.{function} = module.{function}, signalled
+"""
+
+
+@pytest.mark.parametrize(
+    "module, function, status, requeued",
+    [
+        ("sweeps.plan", "plan", "pending", True),  # the trial has not run: the task requeues
+        pytest.param(  # the trial has finished: the summary is written, nothing to requeue
+            "sweeps.results", "write_summary", "finished", False, marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_an_array_tasks_signal_outside_its_trial_requeues_it_or_lets_it_end(
+    slurm_array, tmp_path, module, function, status, requeued
+):
+    folder, env = slurm_array
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    code = SIGNAL_OUTSIDE_A_TRIAL.format(root=str(ROOT), module=module, function=function)
+    (hook / "sitecustomize.py").write_text(code)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env, "SLURM_ARRAY_TASK_ID": "1"}
+    env["PYTHONPATH"] = str(hook)
+    task = subprocess.run(
+        ["bash", str(folder / "sweep.sbatch")], env=env, capture_output=True, text=True, timeout=120
+    )
+    output = task.stdout + task.stderr
+    assert task.returncode == 0, output  # not 138: sweep.py no longer dies of the signal
+    calls = Path(env["CALLS"]).read_text().splitlines()
+    assert (calls[-1] == "scontrol requeue 77_1") is requeued, calls
+    rows = {row["trial"]: row["status"] for row in read_summary(folder)}
+    assert rows == {"trial-001": status, "trial-000": "pending"}, output
+    assert not list(folder.glob("requeue-*"))  # the shell removed it once it requeued
+
+
 @pytest.mark.slow
 def test_a_stopped_random_sweep_resumes_without_running_finished_trials_again(make_config, spawn):
     config = make_config(**{**TINY, "trainer.epochs": 3, "trainer.len_epoch": 30})
