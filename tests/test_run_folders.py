@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, run_main, shrink, wait_for_file
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from utils.state.checkpoint import checkpoint_order, state_order
@@ -388,3 +388,82 @@ def test_a_lock_that_cannot_be_taken_leaves_the_folder_as_it_was(
         with run_lock.held(folder, shared=shared):
             pass
         assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+# What a hand-edited `latest` may name: a checkpoint in a subfolder, one of another run (an
+# absolute path), a file that is not there, text that names nothing.
+EDITED_LATEST = {
+    "a subfolder": "sub/checkpoint-epoch1.pth",
+    "another run": "{other}/checkpoint-epoch1.pth",
+    "a missing file": "checkpoint-epoch7.pth",
+    "garbage": "\x00not a file",
+}
+
+
+def run_folder_with_others(folder: Path) -> tuple[Path, Path]:
+    """A run folder holding (empty) checkpoints, model_best.pth, and a subfolder with a
+    checkpoint; and another run's folder beside it with one: what `latest` may point into."""
+    run_dir, other = folder / "run", folder / "other"
+    for path in (
+        run_dir / "checkpoint-epoch1.pth",
+        run_dir / "checkpoint-epoch2-step5.pth",
+        run_dir / "model_best.pth",
+        run_dir / "sub" / "checkpoint-epoch1.pth",
+        other / "checkpoint-epoch1.pth",
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    return run_dir, other
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    head=st.one_of(
+        st.sampled_from([*EDITED_LATEST.values(), "checkpoint-epoch1.pth", "model_best.pth"]),
+        st.sampled_from(["checkpoint-epoch2-step5.pth", "/", "..", ".", "", "other"]),
+        st.text(max_size=30),
+    ),
+    rest=st.sampled_from(["", "\n", "\ntimeline abc\n", "\r\ntimeline abc"]),
+)
+def test_latest_names_a_file_of_its_run_folder_or_is_one_line(tmp_path, head: str, rest: str):
+    """read_latest either returns a checkpoint of the run folder itself (or none, for its
+    model_best.pth) or refuses `latest` in one line naming it; it never leads outside the
+    folder, and never raises anything else (a traceback)."""
+    from utils.state.checkpoint import CheckpointError, read_latest
+
+    run_dir, other = run_folder_with_others(tmp_path)
+    text = head.replace("{other}", str(other)) + rest
+    (run_dir / "latest").write_text(text, encoding="utf-8", newline="")
+    try:
+        path, _ = read_latest(run_dir)
+    except CheckpointError as error:
+        assert str(error).startswith(f"{run_dir / 'latest'}: ") and "\n" not in str(error)
+        assert "or delete it" in str(error)
+        return
+    assert path is None or (path.parent == run_dir and path.is_file())
+    name = (text.splitlines() or [""])[0].strip()
+    if checkpoint_order(Path(name)) is not None and "/" not in name:
+        assert path == run_dir / name  # a checkpoint it names is the head
+
+
+@pytest.mark.parametrize("edit", EDITED_LATEST)
+def test_an_edited_latest_is_one_line_and_the_run_is_untouched(
+    tmp_path: Path, stop_at: None, edit: str
+):
+    config = demo(tmp_path)
+    save_dir = tmp_path / "saved"
+    assert train("-c", str(config), "--run-id", "A", "--set", "trainer.epochs=1")[0] == 0
+    assert train("-c", str(config), "--run-id", "B", "--set", "trainer.epochs=1")[0] == 0
+    run_dir, other = save_dir / "models" / RUN / "A", save_dir / "models" / RUN / "B"
+    (run_dir / "sub").mkdir()
+    shutil.copy(run_dir / "checkpoint-epoch1.pth", run_dir / "sub")
+    (run_dir / "latest").write_text(
+        EDITED_LATEST[edit].replace("{other}", str(other)) + "\ntimeline x\n"
+    )
+    before = fingerprints(save_dir)
+    code, output = train("-r", str(run_dir))
+    assert code == 2, output[-2000:]
+    assert output.splitlines()[-1].startswith(f"error: {run_dir / 'latest'}: names ")
+    assert fingerprints(save_dir) == before

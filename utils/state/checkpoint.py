@@ -190,13 +190,28 @@ def write_latest(run_dir: Path, path: Path, timeline: str) -> None:
 
 
 def read_latest(run_dir: Path) -> tuple[Path | None, str | None]:
-    """(the checkpoint `latest` names, when there is one by that name; its timeline id)."""
+    """(the checkpoint `latest` names, its timeline id); (None, None) when there is no `latest`.
+
+    Only write_latest writes it, naming a file of the run folder, so anything else in it (edited
+    by hand) is refused in one line rather than guessed at: a path (`sub/...`, absolute) or a
+    missing file would leave the timeline without its head, or resume another run's checkpoint.
+    """
+    latest = run_dir / LATEST
+    fix = "write the name of one of the run's checkpoint-*.pth files in it, or delete it"
     try:
-        lines = (run_dir / LATEST).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        lines = latest.read_text(encoding="utf-8").splitlines() or [""]
+    except FileNotFoundError:
         return None, None
-    path = run_dir / lines[0].strip() if lines else None
-    if path is None or checkpoint_order(path) is None or not path.is_file():
-        path = None
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or "not text"
+        raise CheckpointError(f"{latest}: cannot be read ({reason}); {fix}") from None
+    name = lines[0].strip()
+    if Path(name).name != name or not name:
+        raise CheckpointError(f"{latest}: names {name!r}, not a file name in its folder; {fix}")
+    if not (run_dir / name).is_file():
+        raise CheckpointError(f"{latest}: names {name!r}, which is not in {run_dir}; {fix}")
     timeline = lines[1].partition("timeline ")[2].strip() if len(lines) > 1 else ""
-    return path, timeline or None
+    # A head that is not a checkpoint-*.pth (-r on model_best.pth or a renamed copy) has no
+    # place among the named checkpoints: the chain is then every one of them.
+    head = run_dir / name if checkpoint_order(Path(name)) is not None else None
+    return head, timeline or None
