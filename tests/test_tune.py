@@ -824,3 +824,37 @@ def test_a_crash_while_writing_the_curve_leaves_no_torn_file(torn, tmp_path, mon
         tune.save_outputs(result, tmp_path / "out")
     assert not (tmp_path / "out" / torn).exists()
     assert not list((tmp_path / "out").glob(".*.tmp"))
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*")
+            if path.is_file()}  # fmt: skip
+
+
+@pytest.mark.parametrize("first", ["tune", "train"])
+def test_tune_and_train_under_one_run_id_never_share_a_folder(first, tmp_path, capsys):
+    """tune.py writes into saved/log/<name>/<run id>, the folder a train.py run of that id logs
+    into: whichever comes second is refused in one line, and the first one's files stay as
+    they were (train.py after tune.py used to write its logs among the curve's files)."""
+    import train
+    import tune
+
+    config = demo_config(tmp_path)
+    log_dir = tmp_path / "saved" / "log" / "Demo_CifarCNN" / "shared"
+    commands = {
+        "tune": lambda: tune.main(
+            ["-c", str(config), "--lr-range", "--steps", "3", "--run-id", "shared"]
+        ),
+        "train": lambda: train.main(
+            ["-c", str(config), "--run-id", "shared", "--set", "trainer.epochs=1"]
+        ),
+    }
+    second = "train" if first == "tune" else "tune"
+    assert commands[first]() == 0, capsys.readouterr().err
+    before = folder_files(tmp_path / "saved")
+    capsys.readouterr()
+    assert commands[second]() == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and error.endswith("choose another --run-id"), error
+    assert str(log_dir) in error
+    assert folder_files(tmp_path / "saved") == before

@@ -123,6 +123,14 @@ def find_resume_point(config: "ConfigParser", logger: logging.Logger | None = No
     logger = logger or logging.getLogger("train")
     check_cross_validation(config)
     run_dir, resume = config.checkpoint_dir, config.resume
+    log_dir = config.log_dir
+    if not run_dir.exists() and log_dir.is_dir() and any(log_dir.iterdir()):
+        # No run of this id, yet its log folder holds files: tune.py's (the same folder), or the
+        # logs of a run whose checkpoints were deleted. A new run would write among them.
+        raise UserError(
+            f"{log_dir}: holds files of another command (tune.py's, or a run whose checkpoint "
+            "folder is gone); choose another --run-id"
+        )
     same_run = not config.fine_tune
     # An elastic restart is by definition the same run.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
