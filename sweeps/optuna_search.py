@@ -24,6 +24,8 @@ from utils.util import UserError, derive_seed
 if TYPE_CHECKING:
     from sweeps.plan import Sweep
 
+REPEATS = "repeats"  # user attribute of a trial whose values an earlier one had: its number
+
 
 def require_optuna() -> None:
     """A SweepError naming the package when optuna is not installed."""
@@ -93,13 +95,38 @@ class OptunaTrials:
             trial = self.optuna.trial.Trial(self.study, frozen._trial_id)
             self.reported[frozen.number] = set(frozen.intermediate_values)
             return trial, values
-        if len(self.study.trials) >= self.num_trials:
-            return None
-        trial = self.study.ask()
-        self.reported[trial.number] = set()
-        return trial, {
-            dimension.key: self._suggest(trial, dimension) for dimension in self.dimensions
-        }
+        while len(self.study.trials) < self.num_trials:
+            trial = self.study.ask()
+            self.reported[trial.number] = set()
+            values = {
+                dimension.key: self._suggest(trial, dimension) for dimension in self.dimensions
+            }
+            if not self._reused(trial, values):
+                return trial, values
+        return None
+
+    def _reused(self, trial: Any, values: dict[str, Any]) -> bool:
+        """Whether the sampler asked again for the values of a trial that has ended (TPE does,
+        on a space of choices): every trial trains with the config's seed, so it would be the
+        same run again. It gets that trial's result instead, counts toward N, and runs nothing."""
+        states = self.optuna.trial.TrialState
+        for earlier in self.study.get_trials(
+            deepcopy=False, states=(states.COMPLETE, states.PRUNED)
+        ):
+            if earlier.number != trial.number and self._decode(earlier.params) == values:
+                trial.set_user_attr(REPEATS, earlier.number)
+                if earlier.state == states.COMPLETE:
+                    self.study.tell(trial, earlier.value)
+                else:
+                    self.study.tell(trial, state=earlier.state)
+                name, again = Trial(earlier.number, values).name, Trial(trial.number, values).name
+                logging.getLogger("sweep").info(
+                    "%s: the values of %s again (the same run): its result counts, nothing runs",
+                    again,
+                    name,
+                )
+                return True
+        return False
 
     def _refusal(self, trial: Trial) -> str | None:
         """Why the project's validation refuses the trial's config, or None."""
@@ -149,10 +176,12 @@ class OptunaTrials:
             self.study.tell(optuna_trial, state=states.FAIL)
 
     def trials(self) -> list[Trial]:
-        """Every trial of the study so far with its values, less those the config refuses
-        (they have no run folder)."""
+        """Every trial of the study so far with its values, less those the config refuses and
+        the repeats of an earlier trial (they have no run folder)."""
         found = []
         for frozen in self.study.trials:
+            if REPEATS in frozen.user_attrs:  # another trial's result: no run folder of its own
+                continue
             values = self._decode(frozen.params)
             if values is not None and self._refusal(Trial(frozen.number, values)) is None:
                 found.append(Trial(frozen.number, values))

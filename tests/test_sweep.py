@@ -903,6 +903,56 @@ def test_optuna_prunes_and_picks_its_best_by_the_monitors_mode(make_config, mode
     assert study.study.best_trial.number == best
 
 
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    num_seeds=st.integers(1, 3),
+    num_rates=st.integers(1, 2),
+    extra=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_optuna_never_trains_the_same_point_twice_and_reuses_its_result(
+    make_config, num_seeds, num_rates, extra, seed
+):
+    """A space of choices has few points and TPE asks for them again: a repeat would train the
+    same run again (every trial has the config's seed). In-process, no training: the trials
+    handed out are distinct, a repeat gets the earlier trial's value in the study, and the
+    study still ends at N trials (so a space used up ends the sweep)."""
+    optuna = pytest.importorskip("optuna")
+    from sweeps.optuna_search import OptunaTrials
+    from sweeps.plan import plan
+
+    config = make_config(**TINY)
+    seeds, rates = list(range(1, num_seeds + 1)), [0.01, 0.001][:num_rates]
+    size = num_seeds * num_rates
+    # A study of its own in each example (tmp_path is the same for all of them).
+    argv = ["-c", str(config), "--name", f"choices-{os.urandom(4).hex()}"]
+    argv += ["--optuna", str(size + extra), "--seed", str(seed)]
+    argv += ["--choice", f"seed={json.dumps(seeds)}", "--choice", f"optimizer.args.lr={rates}"]
+    found = plan(sweep.parse_args(argv))
+    found.sweep_dir.mkdir(parents=True, exist_ok=True)
+    study = OptunaTrials(found)
+    ran: list[tuple] = []
+
+    def score(values: dict) -> float:  # what training at these values would give, every time
+        return values["seed"] + values["optimizer.args.lr"]
+
+    while (trial := study.next_trial()) is not None:
+        ran.append(tuple(sorted(trial.values.items())))
+        study.finish(trial, "finished", score(trial.values))
+    assert len(ran) == len(set(ran)) <= size
+    frozen = study.study.trials
+    assert len(frozen) == size + extra
+    values = {trial.number: study._decode(trial.params) for trial in frozen}
+    assert all(trial.value == score(values[trial.number]) for trial in frozen)
+    assert all(trial.state == optuna.trial.TrialState.COMPLETE for trial in frozen)
+    assert [trial.index for trial in study.trials()] == [
+        trial.number for trial in frozen if "repeats" not in trial.user_attrs
+    ]
+    assert len(study.trials()) == len(ran)
+
+
 def test_a_resumed_optuna_study_continues_its_trial_and_draws_new_values(make_config, tmp_path):
     pytest.importorskip("optuna")
     from parse_config import with_defaults
