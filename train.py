@@ -146,7 +146,7 @@ def train(
             return None
         # The fold's count, which the summary weighs its means by (not in the checkpoint).
         count = num_samples(trainer.val_loader) if trainer.val_loader is not None else None
-        return finish(config, count, sample_mean_names(config["metrics"]))
+        return finish(config, count, sample_mean_names(config["metrics"]), trainer.metric_fns)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,10 @@ def evaluate(
         for _ in range(num_padding):  # as many forward passes as the other ranks; not counted
             batch = to_device(spare, trainer.device, trainer.options["channels_last"])
             run_validation_step(trainer, batch)
-    return sums.result(prefix)
+    metrics = sums.result(prefix)
+    # Saved with the epoch's checkpoints: a cross-validation pools them over the folds.
+    trainer.state.metric_sums = sums.stateful_sums
+    return metrics
 
 
 @contextlib.contextmanager
@@ -107,6 +110,7 @@ def validate(trainer: "BaseTrainer") -> dict[str, float]:
     observe = trainer.confusion.add if trainer.confusion is not None else None
     metrics = trainer.evaluate(trainer.val_loader, "val", observe)
     del metrics["val/num_samples"]  # the same every epoch: logged once at the start
+    kept_sums = trainer.state.metric_sums
     if trainer.ema is not None:  # the averaged weights on the same data: val/ema_<metric>
         sync_buffers(trainer.ema.module)
         trained, trainer.model = trainer.model, trainer.ema.module  # what validation_step runs
@@ -116,4 +120,7 @@ def validate(trainer: "BaseTrainer") -> dict[str, float]:
             trainer.model = trained
         del averaged["val/num_samples"]
         metrics.update({key.replace("val/", "val/ema_"): value for key, value in averaged.items()})
+        averaged_sums = trainer.state.metric_sums.items()
+        kept_sums |= {key.replace("val/", "val/ema_"): sums for key, sums in averaged_sums}
+        trainer.state.metric_sums = kept_sums
     return metrics

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import data_loader.data_loaders as data_module
 import train
 import utils.state.folds as folds_module
-from model.metric import accuracy, sample_mean_names, top_k_acc
+from model.metric import F1, R2, RMSE, MeanIoU, accuracy, sample_mean_names, top_k_acc
 from parse_config import ConfigParser
 from utils.distributed.process_group import ProcessInfo
 from utils.evaluation.metric_sums import MetricSums, StepOutput
@@ -181,24 +181,32 @@ def test_summary_lines():
     ]
 
 
-def write_results(run_dir: Path, fold_metrics: list[dict], entries: list) -> None:
-    """fold-<i>/result.json as write_fold_result writes it, for these metrics of each fold."""
+def write_results(
+    run_dir: Path, fold_metrics: list[dict], entries: list, fold_sums: list[dict] | None = None
+) -> None:
+    """fold-<i>/result.json as write_fold_result writes it, for these metrics of each fold
+    (and the sums of its StatefulMetrics, `fold_sums`; none: {})."""
     for fold, metrics in enumerate(fold_metrics):
         (run_dir / f"fold-{fold}").mkdir(parents=True, exist_ok=True)
         metrics = dict(metrics)  # the checkpoint has no val/num_samples: the result has it
         num_val_samples = int(metrics.pop("val/num_samples"))
         result = {"fold": fold, "checkpoint": "model_best.pth", "epoch": 1, "metrics": metrics,
                   "num_val_samples": num_val_samples,
-                  "sample_means": folds_module.sample_mean_keys(sample_mean_names(entries), metrics)}  # fmt: skip
+                  "sample_means": folds_module.sample_mean_keys(sample_mean_names(entries), metrics),
+                  "metric_sums": fold_sums[fold] if fold_sums else {}}  # fmt: skip
         (run_dir / f"fold-{fold}" / RESULT).write_text(json.dumps(result))
 
 
-def fold_metrics(steps: list[StepOutput], metric_fns: dict) -> dict:
-    """A fold's validation metrics as the engine computes them from its batches."""
+def fold_metrics(steps: list[StepOutput], metric_fns: dict, sums_out: list | None = None) -> dict:
+    """A fold's validation metrics as the engine computes them from its batches; the sums of
+    its StatefulMetrics (what its checkpoint keeps) are appended to `sums_out`."""
     sums = MetricSums(metric_fns, torch.device("cpu"))
     for step in steps:
         sums.add(step)
-    return sums.result("val")
+    result = sums.result("val")
+    if sums_out is not None:
+        sums_out.append(sums.stateful_sums)
+    return result
 
 
 def batches(num_samples: int, batch_size: int) -> list[slice]:
@@ -276,6 +284,105 @@ def test_a_pooled_mse_or_mae_loss_is_sklearns(tmp_path, num_folds, num_samples, 
         pooled = summarize_folds(run_dir, num_folds, ("min", "val/loss"))["metrics"]["val/loss"]
         expected = reference(target[order].numpy(), output[order].numpy())
         assert pooled["pooled"] == pytest.approx(expected, rel=1e-9), name
+
+
+def summarize_stateful(
+    run_dir: Path, folds: list[torch.Tensor], output: torch.Tensor, target: torch.Tensor,
+    metric_fns: dict, batch_size: int,
+) -> dict:  # fmt: skip
+    """The summary of folds whose validation scored `metric_fns` on output[i], target[i] for
+    each fold's indices i, in batches of batch_size."""
+    per_fold, fold_sums = [], []
+    for indices in folds:
+        steps = [
+            StepOutput(torch.zeros(()), output[indices][part], target[indices][part])
+            for part in batches(len(indices), batch_size)
+        ]
+        per_fold.append(fold_metrics(steps, metric_fns, fold_sums))
+    write_results(run_dir, per_fold, [], fold_sums)
+    return summarize_folds(run_dir, len(folds), ("min", "val/loss"), metric_fns)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    num_folds=st.integers(2, 5),
+    num_samples=st.integers(10, 60),
+    num_classes=st.integers(2, 6),
+    num_outputs=st.integers(1, 3),
+    batch_size=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_pooled_f1_iou_r2_and_rmse_are_sklearns_on_the_out_of_fold_predictions(
+    tmp_path, num_folds, num_samples, num_classes, num_outputs, batch_size, seed
+):
+    """Folds of uneven sizes: F1, MeanIoU, R2 and RMSE pooled from each fold's sums equal
+    scikit-learn's on every fold's validation samples at once, whatever the batches."""
+    sk_metrics = pytest.importorskip("sklearn.metrics")  # not in the floor environment
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(num_samples, num_classes, generator=generator)
+    labels = torch.randint(num_classes, (num_samples,), generator=generator)
+    output = torch.randn(num_samples, num_outputs, generator=generator)
+    target = torch.randn(num_samples, num_outputs, generator=generator) * 3 + 1
+    # Fold i takes every num_folds-th sample from i: sizes differ by at most one.
+    folds = [torch.arange(fold, num_samples, num_folds) for fold in range(num_folds)]
+    order = torch.cat(folds)  # the out-of-fold predictions, fold after fold
+    run_dir = tmp_path / f"run-{seed}-{num_folds}-{num_samples}-{batch_size}"
+
+    classes = {"f1": F1(num_classes), "iou": MeanIoU(num_classes, per_class=True)}
+    summary = summarize_stateful(run_dir / "c", folds, logits, labels, classes, batch_size)
+    predicted, truth = logits[order].argmax(dim=1).numpy(), labels[order].numpy()
+    expected = {
+        "val/f1": sk_metrics.f1_score(truth, predicted, average="macro"),
+        "val/iou": sk_metrics.jaccard_score(truth, predicted, average="macro"),
+    }
+    present = set(truth) | set(predicted)
+    per_class = sk_metrics.jaccard_score(truth, predicted, average=None, labels=sorted(present))
+    expected |= {
+        f"val/iou/{label}": value for label, value in zip(sorted(present), per_class, strict=True)
+    }
+    regression = {"r2": R2(num_outputs), "rmse": RMSE(num_outputs)}
+    summary["metrics"] |= summarize_stateful(
+        run_dir / "r", folds, output, target, regression, batch_size
+    )["metrics"]
+    y_true, y_pred = target[order].double().numpy(), output[order].double().numpy()
+    expected["val/r2"] = sk_metrics.r2_score(y_true, y_pred)
+    expected["val/rmse"] = sk_metrics.root_mean_squared_error(y_true, y_pred)
+    for key, value in expected.items():
+        assert summary["metrics"][key]["pooled"] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_pooled_f1_of_uneven_folds_is_the_f1_of_all_samples_not_the_folds_mean(tmp_path):
+    """Fold 0 (3 samples) predicts all right, fold 1 (1 sample) all wrong: over the 4 samples
+    F1 is sklearn's 0.4, where the folds' mean is 0.5 (1 and 0)."""
+    logits = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    labels = torch.tensor([0, 1, 0, 1])
+    folds = [torch.tensor([0, 1, 2]), torch.tensor([3])]
+    summary = summarize_stateful(tmp_path, folds, logits, labels, {"f1": F1(2)}, batch_size=2)
+    f1 = summary["metrics"]["val/f1"]
+    assert f1["folds"] == [1.0, 0.0] and f1["mean_over_folds"] == 0.5
+    # class 0: tp 2, fp 1, fn 0 -> 0.8; class 1: tp 1, fp 0, fn 1 -> 2/3; mean 11/15
+    assert f1["pooled"] == pytest.approx((0.8 + 2 / 3) / 2)
+    assert summary["not_pooled"] == {}
+
+
+def test_sums_of_results_written_before_they_were_kept_are_named_not_pooled(tmp_path):
+    """A fold finished before result.json kept the sums: F1 keeps its mean over folds, and
+    one line says why it has no pooled value; the means over samples still pool."""
+    logits, labels = torch.eye(2).repeat(2, 1), torch.tensor([0, 1, 1, 0])
+    folds = [torch.tensor([0, 1]), torch.tensor([2, 3])]
+    summarize_stateful(tmp_path, folds, logits, labels, {"f1": F1(2)}, batch_size=2)
+    old = json.loads((tmp_path / "fold-0" / RESULT).read_text())
+    del old["metric_sums"]
+    (tmp_path / "fold-0" / RESULT).write_text(json.dumps(old))
+    summary = summarize_folds(tmp_path, 2, ("min", "val/loss"), {"f1": F1(2)})
+    why = f"fold-0/{RESULT} predates pooling its sums"
+    assert summary["not_pooled"] == {"val/f1": why}
+    assert "pooled" in summary["metrics"]["val/loss"]
+    assert summary_lines(summary)[-1] == (
+        f"  not pooled over samples, mean over folds only: val/f1 ({why})"
+    )
 
 
 def test_the_pooled_accuracy_of_uneven_folds_is_not_the_mean_of_their_accuracies(tmp_path):
@@ -418,3 +525,22 @@ def test_fold_results_and_the_summary_are_written_while_the_folders_are_locked(
     assert seen == expected
     run_dir = tmp_path / "saved" / RUN / "cv"
     assert not any(run_dir.rglob(".lock"))  # and the lock files went with the run
+
+
+def test_train_py_keeps_each_folds_f1_sums_and_pools_them(make_config, tmp_path):
+    """The sums of F1 that each fold's result.json keeps are its best epoch's (they give its
+    val/F1), and the summary's pooled F1 is F1 of their total."""
+    entries = ["accuracy", {"type": "F1", "args": {"num_classes": 10}}]
+    overrides = {"trainer.epochs": 2, "trainer.tensorboard": False, "metrics": entries}
+    config = make_config(**overrides)
+    assert train.main(["-c", str(config), "--folds", "2", "--run-id", "cv"]) == 0
+    run_dir = tmp_path / "saved" / RUN / "cv"
+    results = [json.loads((run_dir / f"fold-{i}" / RESULT).read_text()) for i in range(2)]
+    for result in results:
+        assert F1(10).compute(result["metric_sums"]["val/F1"]) == result["metrics"]["val/F1"]
+    summary = json.loads((run_dir / SUMMARY).read_text())
+    assert summary["not_pooled"] == {}
+    totals = [
+        sum(sums) for sums in zip(*(r["metric_sums"]["val/F1"] for r in results), strict=True)
+    ]
+    assert summary["metrics"]["val/F1"]["pooled"] == pytest.approx(F1(10).compute(totals))

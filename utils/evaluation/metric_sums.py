@@ -121,6 +121,9 @@ class MetricSums:
                     device, self.dtype
                 )
             self.logged = initial["logged"].tolist()
+        # After result(): each StatefulMetric's sums ({"<prefix>/<name>": [...]}), which a
+        # checkpoint keeps so that a cross-validation summary can pool them over the folds.
+        self.stateful_sums: dict[str, list[float]] = {}
         # Samples the initial sums hold: trained before the resume, in time not measured now.
         self.num_resumed = 0.0 if initial is None else float(initial["totals"][-1])
         # The first step whose loss was not finite (0: none yet), kept on the device.
@@ -211,6 +214,7 @@ class MetricSums:
         scored = bool(all_reduce_max(torch.tensor(int(self.scored), device=self.totals.device)))
         if scored or not self.metric_fns:
             result = to_metrics(totals, self.metric_fns, prefix)
+            self.stateful_sums = stateful_sums(totals, self.metric_fns, prefix)
         else:
             result = {f"{prefix}/loss": float(totals[0] / totals[-1]),
                       f"{prefix}/num_samples": float(totals[-1])}  # fmt: skip
@@ -241,6 +245,19 @@ def to_metrics(totals: torch.Tensor, metrics: dict[str, Any], prefix: str) -> di
         offset += size
     result[f"{prefix}/num_samples"] = num_samples
     return result
+
+
+def stateful_sums(
+    totals: torch.Tensor, metrics: dict[str, Any], prefix: str
+) -> dict[str, list[float]]:
+    """{"<prefix>/<name>": its sums} of each StatefulMetric in summed [loss, slots..., count]."""
+    values, offset, found = totals.tolist(), 1, {}
+    for name, metric in metrics.items():
+        size = num_slots(metric)
+        if isinstance(metric, StatefulMetric):
+            found[f"{prefix}/{name}"] = values[offset : offset + size]
+        offset += size
+    return found
 
 
 def breakdown_table(metrics: dict[str, float]) -> list[str]:

@@ -3,8 +3,9 @@
 A run of K folds keeps fold i in <run folder>/fold-<i>/. A fold is finished when its training
 returned (it ran to its last epoch or stopped early): train.py then writes fold-<i>/result.json.
 Once every fold has one, folds_summary.json in the run folder gives, per metric, its value
-pooled over every fold's validation samples (for means over samples) and the mean and standard
-deviation of the folds' values; so folds run one at a time (--fold i) are summarised by the last
+pooled over every fold's validation samples (means over samples by their counts, a
+StatefulMetric from its sums, which result.json keeps) and the mean and standard deviation of
+the folds' values; so folds run one at a time (--fold i) are summarised by the last
 to finish, wherever it ran.
 """
 
@@ -14,11 +15,12 @@ import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from utils.distributed.process_group import ProcessInfo, broadcast_object
+from utils.evaluation.metric_sums import StatefulMetric, keeps_own_state
 from utils.state.checkpoint import load_checkpoint, write_text_atomic
 from utils.state.run_folder import SUMMARY, default_run_id
 from utils.state.timeline import choose
@@ -32,9 +34,10 @@ RESULT = "result.json"
 
 def write_fold_result(config: "ConfigParser", num_val_samples: int | None, means: set[str]) -> dict:
     """Record a finished fold: the epoch and metrics of its model_best.pth (of its last
-    checkpoint when trainer.monitor is off), its number of validation samples (None: not known)
-    and which metrics are means over them (`means`: model.metric.sample_mean_names), which the
-    summary pools. Returns what was written."""
+    checkpoint when trainer.monitor is off), its number of validation samples (None: not known),
+    which metrics are means over them (`means`: model.metric.sample_mean_names) and the sums of
+    the others (StatefulMetric: F1's counts per class, R2's), which the summary pools. Returns
+    what was written."""
     checkpoint_dir = config.checkpoint_dir
     best = checkpoint_dir / "model_best.pth"
     use_best = config.monitor_mode != "off" and best.is_file()
@@ -47,6 +50,8 @@ def write_fold_result(config: "ConfigParser", num_val_samples: int | None, means
         "metrics": state["metrics"],
         "num_val_samples": num_val_samples,
         "sample_means": sample_mean_keys(means, state["metrics"]),
+        # Checkpoints saved before the engine kept them have none: not pooled then.
+        "metric_sums": state.get("metric_sums") or {},
     }
     write_text_atomic(checkpoint_dir / RESULT, json_text(result))
     return result
@@ -62,11 +67,20 @@ def sample_mean_keys(means: set[str], metrics: dict[str, float]) -> list[str]:
     ]
 
 
-def pool(results: list[dict], key: str) -> tuple[float | None, str]:
-    """(`key` over every fold's validation samples: each fold's mean weighted by its number of
-    samples, the score of the concatenated out-of-fold predictions; "") or (None, why not)."""
+def pool(results: list[dict], key: str, metrics: dict[str, Any]) -> tuple[float | None, str]:
+    """(`key` over every fold's validation samples, the score of the concatenated out-of-fold
+    predictions: each fold's mean weighted by its number of samples, or a StatefulMetric of
+    `metrics` (the configured ones, by name) from its sums over the folds; "") or (None, why
+    not)."""
     if not key.startswith("val/"):  # a monitored train/ metric: num_val_samples do not count it
         return None, "not a validation metric"
+    # val/<name>, val/ema_<name> (the averaged weights'), val/<name>/<class> (a breakdown)
+    name = key.removeprefix("val/").removeprefix("ema_").split("/")[0]
+    metric = metrics.get(name)
+    if isinstance(metric, StatefulMetric):
+        return pool_sums(results, key, metric)
+    if keeps_own_state(metric):
+        return None, "keeps its own state (torchmetrics): a checkpoint has its value, no sums"
     for result in results:
         if "sample_means" not in result:  # result.json written before the summary pooled
             return None, f"fold-{result['fold']}/{RESULT} predates pooling"
@@ -85,11 +99,33 @@ def pool(results: list[dict], key: str) -> tuple[float | None, str]:
     return total / math.fsum(counts), ""
 
 
-def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> dict | None:
+def pool_sums(results: list[dict], key: str, metric: StatefulMetric) -> tuple[float | None, str]:
+    """pool() of a StatefulMetric's `key`: `metric` computed from each of its sums added over
+    the folds, as if one epoch had seen every fold's validation samples."""
+    sums_key = "/".join(key.split("/")[:2])  # a breakdown's (val/iou/cat) are its metric's
+    fold_sums = []
+    for result in results:
+        if "metric_sums" not in result:  # result.json written before the summary kept sums
+            return None, f"fold-{result['fold']}/{RESULT} predates pooling its sums"
+        sums = result["metric_sums"].get(sums_key)
+        if sums is None or len(sums) != metric.num_sums:  # another metric (args) then
+            return None, f"fold {result['fold']} has no sums of this metric as configured now"
+        fold_sums.append([math.nan if value is None else value for value in sums])
+    totals = [math.fsum(column) for column in zip(*fold_sums, strict=True)]
+    if not all(math.isfinite(total) for total in totals):  # a fold that diverged
+        return math.nan, ""
+    if key == sums_key:
+        return metric.compute(totals), ""
+    return metric.breakdown(totals).get(key.split("/", 2)[2], math.nan), ""
+
+
+def summarize_folds(
+    run_dir: Path, num_folds: int, monitor: tuple[str, str], metrics: dict[str, Any] | None = None
+) -> dict | None:
     """For the monitored metric and every validation metric: its value pooled over all folds'
-    samples (means over samples only; "not_pooled" names the others and why), the mean and
-    sample standard deviation of the folds' values, and each fold's value; None while a fold
-    has no result yet.
+    samples (means over samples, and `metrics`' StatefulMetrics, the configured metrics by name,
+    from their sums; "not_pooled" names the others and why), the mean and sample standard
+    deviation of the folds' values, and each fold's value; None while a fold has no result yet.
 
     monitor: (mode, key) as ConfigParser parses trainer.monitor, ("off", "") for none.
     """
@@ -103,7 +139,7 @@ def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> 
     keys = [key for key in results[0]["metrics"] if key.startswith("val/")]
     if monitor_key:
         keys = [monitor_key, *(key for key in keys if key != monitor_key)]
-    metrics, not_pooled = {}, {}
+    configured, metrics, not_pooled = metrics or {}, {}, {}
     for key in keys:
         # null: a metric that was NaN or infinite (json_text); nan again, so the mean is too.
         values = [
@@ -112,7 +148,7 @@ def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> 
             if key in result["metrics"]
         ]
         if len(values) == num_folds:  # folds trained with other metrics leave theirs out
-            pooled, why = pool(results, key)
+            pooled, why = pool(results, key, configured)
             if pooled is None:
                 not_pooled[key] = why
             # A fold's nan or inf (a diverged run): stdev's exact fractions raise on it, and
@@ -141,12 +177,17 @@ def summarize_folds(run_dir: Path, num_folds: int, monitor: tuple[str, str]) -> 
 
 
 def finish_fold(
-    config: "ConfigParser", num_val_samples: int | None, means: set[str]
+    config: "ConfigParser",
+    num_val_samples: int | None,
+    means: set[str],
+    metrics: dict[str, Any] | None = None,
 ) -> dict | None:
-    """Write the fold's result and, when every fold has one, the summary; returns the summary."""
+    """Write the fold's result and, when every fold has one, the summary (`metrics`: the
+    configured ones by name, which pool their sums); returns the summary."""
     write_fold_result(config, num_val_samples, means)
     run_dir = config.run_checkpoint_dir
-    summary = summarize_folds(run_dir, config.num_folds, (config.monitor_mode, config.monitor_key))
+    monitor = (config.monitor_mode, config.monitor_key)
+    summary = summarize_folds(run_dir, config.num_folds, monitor, metrics)
     if summary is None:
         return None
     path, text = run_dir / SUMMARY, json_text(summary)

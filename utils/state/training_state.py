@@ -56,6 +56,7 @@ class TrainingState:
     # global_step less the steps done in this run's batches: not 0 once a resume changed the
     # batch geometry (EMA and Lookahead count steps of one geometry, as the schedule does).
     step_offset: int = 0
+    metric_sums: dict[str, list[float]] | None = None  # the last validation's: folds.py pools
     timeline: str = ""  # the id of the run's timeline (utils/state/timeline.py)
     parent: str | None = None  # the checkpoint the next one continues (its file name)
     # Not saved, set by a resume: this rank's RNG state to restore at the resume point, and
@@ -71,6 +72,7 @@ class TrainingState:
             "position": {"samples": self.samples, "batches": self.batches, "lr": self.epoch_lr},
             "step_offset": self.step_offset,
             "epoch_sums": self.epoch_sums,
+            "metric_sums": self.metric_sums,
             "timeline": {"id": self.timeline, "parent": self.parent},
         }
 
@@ -78,10 +80,8 @@ class TrainingState:
         """Also reads format 1 checkpoints (resume_batch, resume_totals; no samples, no timeline)."""
         self.epoch, self.global_step = state["epoch"], state["global_step"]
         self.num_skipped_steps = state.get("num_skipped_steps", 0)
-        position = state.get("position") or {
-            "samples": None,
-            "batches": state.get("resume_batch", 0),
-        }
+        format_1 = {"samples": None, "batches": state.get("resume_batch", 0)}
+        position = state.get("position") or format_1
         self.samples, self.batches = position["samples"], position["batches"]
         self.epoch_lr, self.step_offset = position.get("lr"), state.get("step_offset", 0)
         self.epoch_sums = state.get("epoch_sums")
