@@ -544,3 +544,23 @@ def test_train_py_keeps_each_folds_f1_sums_and_pools_them(make_config, tmp_path)
         sum(sums) for sums in zip(*(r["metric_sums"]["val/F1"] for r in results), strict=True)
     ]
     assert summary["metrics"]["val/F1"]["pooled"] == pytest.approx(F1(10).compute(totals))
+
+
+def test_a_cross_validation_run_again_names_the_command_that_continues_every_fold(
+    make_config, tmp_path, capsys
+):
+    """The same command again: the error names auto_resume, which continues every fold, not
+    -r <run>/fold-0, which would resume fold 0 alone; and that command does continue it."""
+    config = make_config(**{"trainer.epochs": 1, "trainer.tensorboard": False})
+    command = ["-c", str(config), "--folds", "2", "--run-id", "cv"]
+    assert train.main(command) == 0
+    run_dir = tmp_path / "saved" / RUN / "cv"
+    summary = (run_dir / SUMMARY).read_text()
+    capsys.readouterr()
+    assert train.main(command) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: {run_dir}: this cross-validation already exists; continue it with this "
+        "command and --set trainer.auto_resume=true, or choose another --run-id"
+    )
+    assert train.main([*command, "--set", "trainer.auto_resume=true"]) == 0
+    assert (run_dir / SUMMARY).read_text() == summary

@@ -164,6 +164,13 @@ def find_resume_point(config: "ConfigParser", logger: logging.Logger | None = No
             raise UserError(f"{folder}: no checkpoint-epoch*.pth in this run folder")
         if resume is None and exists(run_dir):
             raise not_a_run(run_dir)
+    elif exists(run_dir) and config.num_folds is not None:
+        # -r <fold> would resume that fold alone: auto_resume continues every fold the command
+        # trains (those finished train nothing).
+        raise UserError(
+            f"{config.run_checkpoint_dir}: this cross-validation already exists; continue it "
+            "with this command and --set trainer.auto_resume=true, or choose another --run-id"
+        )
     elif exists(run_dir):
         raise UserError(
             f"{run_dir}: this run already exists; resume it with -r {run_dir}, set "
