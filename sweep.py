@@ -154,7 +154,7 @@ def run_trials_of(args: argparse.Namespace, sweep: "Sweep", held: "HeldSignal") 
             error = last_error(log_path, start, code)
             logger.warning("%s failed (exit code %d): %s", trial.name, code, error)
         else:
-            at = f"at epoch {epoch}" if epoch is not None else "mean over the folds"
+            at = f"at epoch {epoch}" if epoch is not None else "over all folds"
             best = "" if value is None else f": best {sweep.key} {value:.4g} {at}"
             logger.info("%s %s after %.0f s%s", trial.name, status, seconds, best)
 

@@ -147,7 +147,7 @@ def plan(args: argparse.Namespace) -> Sweep:
             # One fold writes no folds_summary.json: the trial would finish with no value.
             raise SweepError(
                 f"{source}: data_loader.args.fold: a sweep ranks a cross-validated trial by "
-                "the mean over all its folds; drop fold (keep data_loader.args.folds)"
+                "its value over all its folds; drop fold (keep data_loader.args.folds)"
             )
     if args.trial is not None and not 0 <= args.trial < len(trials):
         raise SweepError(f"--trial {args.trial}: this sweep has trials 0 to {len(trials) - 1}")

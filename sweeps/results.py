@@ -120,13 +120,17 @@ def last_error(log_path: Path, start: int = 0, code: int = 1) -> str:
 
 def best_value(run_dir: Path, key: str) -> tuple[float | None, int | None]:
     """The monitored metric `key` and epoch of the run's model_best.pth; for a cross-validation
-    run (its checkpoints in fold-<i>/), the mean over the folds and no epoch; or (None, None)."""
+    run (its checkpoints in fold-<i>/), its pooled value over all folds' samples (else the
+    mean over the folds) and no epoch; or (None, None)."""
     path = run_dir / "model_best.pth"
     if not path.is_file() and (run_dir / SUMMARY).is_file():
         metrics = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))["metrics"]
-        # "mean" in a summary written before it also held the pooled value
         values = metrics.get(key, {})
-        return values.get("mean_over_folds", values.get("mean")), None
+        # pooled: the metric of every out-of-fold prediction at once, exact, where the folds'
+        # mean weighs a small fold as much as a large one; mean_over_folds for a metric not
+        # pooled (the summary's not_pooled), "mean" in a summary written before either.
+        name = next((name for name in ("pooled", "mean_over_folds", "mean") if name in values), "")
+        return values.get(name), None
     if not path.is_file():
         return None, None
     try:

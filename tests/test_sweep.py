@@ -210,13 +210,13 @@ BAD_SPECS = [
         ["--optuna", "2", "--choice", "trainer.save_period=[1,2]"],
         "trainer.save_period: --optuna saves every epoch",
     ),
-    # One fold of a cross-validation writes no mean over the folds: its trial had no value.
+    # One fold of a cross-validation writes no folds_summary.json: its trial had no value.
     (
         [
             *["--set", "data_loader.args.folds=2", "--set", "data_loader.args.fold=0"],
             *["--grid", "data_loader.args.fold=[0,1]"],
         ],
-        "data_loader.args.fold: a sweep ranks a cross-validated trial by the mean over all",
+        "data_loader.args.fold: a sweep ranks a cross-validated trial by its value over all",
     ),
     (
         [
@@ -402,9 +402,10 @@ def test_the_summary_tables_rank_by_the_monitor_mode_and_equal_each_trials_check
         assert float(row["optimizer.args.lr"]) == index / 10
 
 
-def test_a_cross_validated_trial_is_ranked_by_its_mean_over_the_folds(tmp_path):
+def test_a_cross_validated_trial_without_a_pooled_value_is_ranked_by_the_folds_mean(tmp_path):
     """A trial of a config with data_loader.args.folds keeps its checkpoints in fold-<i>/ and
-    its result in folds_summary.json: the summary ranks it by the folds' mean."""
+    its result in folds_summary.json; results from before pooling (no num_val_samples) leave
+    the metric not pooled: the summary ranks it by the folds' mean."""
     trials = [(Trial(index, {"seed": index}), tmp_path / f"run{index}") for index in range(2)]
     for (trial, run_dir), accuracies in zip(trials, [[0.2, 0.4], [0.5, 0.7]], strict=True):
         for fold, accuracy in enumerate(accuracies):
@@ -420,6 +421,27 @@ def test_a_cross_validated_trial_is_ranked_by_its_mean_over_the_folds(tmp_path):
     rows = summarize(tmp_path, trials, mode="max", key="val/accuracy")
     assert [(row["rank"], row["trial"]) for row in rows] == [(1, "trial-001"), (2, "trial-000")]
     assert [row["value"] for row in rows] == pytest.approx([0.6, 0.3])
+
+
+def test_a_cross_validated_trial_is_ranked_by_its_pooled_value_not_the_folds_mean(tmp_path):
+    """Trial 0's folds score 1.0 on 1 sample and 0.0 on 9 (mean 0.5, pooled 0.1); trial 1's
+    0.4 on 5 and 5 (both 0.4). Over all their samples trial 1 is the better one."""
+    trials = [(Trial(index, {"seed": index}), tmp_path / f"run{index}") for index in range(2)]
+    folds = [[(1.0, 1), (0.0, 9)], [(0.4, 5), (0.4, 5)]]
+    for (trial, run_dir), trial_folds in zip(trials, folds, strict=True):
+        for fold, (accuracy, count) in enumerate(trial_folds):
+            result = {"fold": fold, "checkpoint": "model_best.pth", "epoch": 1,
+                      "metrics": {"val/accuracy": accuracy}, "num_val_samples": count,
+                      "sample_means": ["val/accuracy"], "metric_sums": {}}  # fmt: skip
+            (run_dir / f"fold-{fold}").mkdir(parents=True)
+            (run_dir / f"fold-{fold}" / RESULT).write_text(json.dumps(result))
+        summary = summarize_folds(run_dir, 2, ("max", "val/accuracy"))
+        (run_dir / SUMMARY).write_text(json.dumps(summary))
+        (tmp_path / "trials").mkdir(exist_ok=True)
+        (tmp_path / "trials" / f"{trial.name}.json").write_text('{"status": "finished"}')
+    rows = summarize(tmp_path, trials, mode="max", key="val/accuracy")
+    assert [(row["rank"], row["trial"]) for row in rows] == [(1, "trial-001"), (2, "trial-000")]
+    assert [row["value"] for row in rows] == pytest.approx([0.4, 0.1])
 
 
 def test_parallel_trials_get_their_own_gpu_and_a_share_of_the_cores():
