@@ -385,6 +385,27 @@ def test_sums_of_results_written_before_they_were_kept_are_named_not_pooled(tmp_
     )
 
 
+class OwnState:
+    """A metric with torchmetrics' update/compute/reset: it keeps no sums in the engine's."""
+
+    def update(self, output: torch.Tensor, target: torch.Tensor) -> None: ...
+
+    def compute(self) -> torch.Tensor:
+        return torch.tensor(0.5)
+
+    def reset(self) -> None: ...
+
+
+def test_a_metric_that_keeps_its_own_state_is_named_not_pooled_and_why(tmp_path):
+    per_fold = [{"val/loss": 1.0, "val/auroc": 0.5, "val/num_samples": 3.0}] * 2
+    write_results(tmp_path, per_fold, [])
+    summary = summarize_folds(tmp_path, 2, ("min", "val/loss"), {"auroc": OwnState()})
+    assert summary["not_pooled"] == {
+        "val/auroc": "keeps its own state (torchmetrics): a checkpoint has its value, no sums"
+    }
+    assert summary["metrics"]["val/auroc"]["mean_over_folds"] == 0.5
+
+
 def test_the_pooled_accuracy_of_uneven_folds_is_not_the_mean_of_their_accuracies(tmp_path):
     """3, 3 and 2 samples, 1 + 1 + 1 right: 3/8 over all samples, where the folds' mean is 7/18."""
     per_fold = [
@@ -529,21 +550,23 @@ def test_fold_results_and_the_summary_are_written_while_the_folders_are_locked(
 
 def test_train_py_keeps_each_folds_f1_sums_and_pools_them(make_config, tmp_path):
     """The sums of F1 that each fold's result.json keeps are its best epoch's (they give its
-    val/F1), and the summary's pooled F1 is F1 of their total."""
+    val/F1, and the averaged weights' val/ema_F1), and the summary's pooled F1 is F1 of their
+    total."""
     entries = ["accuracy", {"type": "F1", "args": {"num_classes": 10}}]
-    overrides = {"trainer.epochs": 2, "trainer.tensorboard": False, "metrics": entries}
+    overrides = {"trainer.epochs": 2, "trainer.tensorboard": False, "metrics": entries,
+                 "trainer.ema_decay": 0.9}  # fmt: skip
     config = make_config(**overrides)
     assert train.main(["-c", str(config), "--folds", "2", "--run-id", "cv"]) == 0
     run_dir = tmp_path / "saved" / RUN / "cv"
     results = [json.loads((run_dir / f"fold-{i}" / RESULT).read_text()) for i in range(2)]
-    for result in results:
-        assert F1(10).compute(result["metric_sums"]["val/F1"]) == result["metrics"]["val/F1"]
     summary = json.loads((run_dir / SUMMARY).read_text())
     assert summary["not_pooled"] == {}
-    totals = [
-        sum(sums) for sums in zip(*(r["metric_sums"]["val/F1"] for r in results), strict=True)
-    ]
-    assert summary["metrics"]["val/F1"]["pooled"] == pytest.approx(F1(10).compute(totals))
+    for key in ("val/F1", "val/ema_F1"):
+        for result in results:
+            assert F1(10).compute(result["metric_sums"][key]) == result["metrics"][key]
+        fold_sums = [result["metric_sums"][key] for result in results]
+        totals = [sum(sums) for sums in zip(*fold_sums, strict=True)]
+        assert summary["metrics"][key]["pooled"] == pytest.approx(F1(10).compute(totals))
 
 
 def test_a_cross_validation_run_again_names_the_command_that_continues_every_fold(
