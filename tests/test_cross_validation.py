@@ -377,7 +377,7 @@ def test_sums_of_results_written_before_they_were_kept_are_named_not_pooled(tmp_
     del old["metric_sums"]
     (tmp_path / "fold-0" / RESULT).write_text(json.dumps(old))
     summary = summarize_folds(tmp_path, 2, ("min", "val/loss"), {"f1": F1(2)})
-    why = f"fold-0/{RESULT} predates pooling its sums"
+    why = f"fold 0's {RESULT} or checkpoint predates its sums"
     assert summary["not_pooled"] == {"val/f1": why}
     assert "pooled" in summary["metrics"]["val/loss"]
     assert summary_lines(summary)[-1] == (
@@ -587,3 +587,23 @@ def test_a_cross_validation_run_again_names_the_command_that_continues_every_fol
     )
     assert train.main([*command, "--set", "trainer.auto_resume=true"]) == 0
     assert (run_dir / SUMMARY).read_text() == summary
+
+
+def test_a_fold_whose_checkpoint_predates_the_sums_leaves_its_f1_not_pooled(make_config, tmp_path):
+    """A fold trained before checkpoints kept metric_sums, finished by a resume after: its
+    result.json has none, so F1 is named not pooled (one line why) rather than pooled from
+    {} or refused; the loss still pools."""
+    entries = ["accuracy", {"type": "F1", "args": {"num_classes": 10}}]
+    overrides = {"trainer.epochs": 1, "trainer.tensorboard": False, "metrics": entries}
+    assert train.main(["-c", str(make_config(**overrides)), "--folds", "2", "--run-id", "cv"]) == 0
+    run_dir = tmp_path / "saved" / RUN / "cv"
+    best = run_dir / "fold-0" / "model_best.pth"
+    state = torch.load(best, weights_only=True)
+    del state["metric_sums"]
+    torch.save(state, best)
+    (run_dir / "fold-0" / RESULT).unlink()
+    assert train.main(["-r", str(run_dir / "fold-0" / "checkpoint-epoch1.pth")]) == 0
+    assert "metric_sums" not in json.loads((run_dir / "fold-0" / RESULT).read_text())
+    summary = json.loads((run_dir / SUMMARY).read_text())
+    assert summary["not_pooled"] == {"val/F1": f"fold 0's {RESULT} or checkpoint predates its sums"}
+    assert "pooled" in summary["metrics"]["val/loss"]

@@ -50,9 +50,9 @@ def write_fold_result(config: "ConfigParser", num_val_samples: int | None, means
         "metrics": state["metrics"],
         "num_val_samples": num_val_samples,
         "sample_means": sample_mean_keys(means, state["metrics"]),
-        # Checkpoints saved before the engine kept them have none: not pooled then.
-        "metric_sums": state.get("metric_sums") or {},
     }
+    if state.get("metric_sums") is not None:  # a checkpoint saved before they were kept: none
+        result["metric_sums"] = state["metric_sums"]
     write_text_atomic(checkpoint_dir / RESULT, json_text(result))
     return result
 
@@ -105,8 +105,8 @@ def pool_sums(results: list[dict], key: str, metric: StatefulMetric) -> tuple[fl
     sums_key = "/".join(key.split("/")[:2])  # a breakdown's (val/iou/cat) are its metric's
     fold_sums = []
     for result in results:
-        if "metric_sums" not in result:  # result.json written before the summary kept sums
-            return None, f"fold-{result['fold']}/{RESULT} predates pooling its sums"
+        if "metric_sums" not in result:  # result.json or checkpoint from before they were kept
+            return None, f"fold {result['fold']}'s {RESULT} or checkpoint predates its sums"
         sums = result["metric_sums"].get(sums_key)
         if sums is None or len(sums) != metric.num_sums:  # another metric (args) then
             return None, f"fold {result['fold']} has no sums of this metric as configured now"
