@@ -34,14 +34,19 @@ task=${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}
 requeue_file={sweep_dir}/requeue-$task
 rm -f "$requeue_file"  # left by this task's previous run: it has been requeued since
 
+# A signal before sweep.py has started is passed on once it has; one before Python has set its
+# handler kills it (exit 128 + USR1): the task is then requeued here, and resumes the trial.
+trial="" stop_asked=0
 forward_stop() {{
     echo "Time limit near: asking trial $SLURM_ARRAY_TASK_ID to save a checkpoint and stop."
-    kill -USR1 "$trial"
+    stop_asked=1
+    if [[ -n $trial ]]; then kill -USR1 "$trial"; fi
 }}
 trap forward_stop USR1
 
 {command} --trial "$SLURM_ARRAY_TASK_ID" --requeue-file "$requeue_file" &
 trial=$!
+if ((stop_asked)); then kill -USR1 "$trial"; fi
 
 while :; do
     status=0
@@ -54,11 +59,14 @@ done
 
 if [[ -f $requeue_file ]]; then
     echo "Checkpoint saved: requeueing task $task."
-    rm -f "$requeue_file"
-    scontrol requeue "$task"
-    exit 0
+elif ((stop_asked && status == 128 + $(kill -l USR1))); then
+    echo "sweep.py was ended by the signal before it could hold it: requeueing task $task."
+else
+    exit "$status"
 fi
-exit "$status"
+rm -f "$requeue_file"
+scontrol requeue "$task"
+exit 0
 """
 
 

@@ -801,6 +801,27 @@ def test_an_array_tasks_signal_outside_its_trial_requeues_it_or_lets_it_end(
     assert not list(folder.glob("requeue-*"))  # the shell removed it once it requeued
 
 
+def test_an_array_tasks_signal_before_python_holds_it_requeues_the_task(slurm_array, tmp_path):
+    """SIGUSR1 while sweep.py's interpreter starts (before main() holds it) kills it with
+    128 + USR1: the batch shell, which passed the signal on, requeues the task instead of
+    ending it with that code (SLURM does not requeue a task that failed)."""
+    folder, env = slurm_array
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    # Python imports sitecustomize at startup, before sweep.py's first line.
+    code = "import os, signal, time\nos.kill(os.getppid(), signal.SIGUSR1)\ntime.sleep(5)\n"
+    (hook / "sitecustomize.py").write_text(code)
+    env = {**os.environ, **env, "SLURM_ARRAY_TASK_ID": "1", "PYTHONPATH": str(hook)}
+    task = subprocess.run(
+        ["bash", str(folder / "sweep.sbatch")], env=env, capture_output=True, text=True, timeout=60
+    )
+    output = task.stdout + task.stderr
+    assert task.returncode == 0, output
+    assert "requeueing task 77_1" in task.stdout, output
+    assert Path(env["CALLS"]).read_text().splitlines()[-1] == "scontrol requeue 77_1"
+    assert not (folder / "models").exists()  # no trial started
+
+
 @pytest.mark.slow
 def test_a_stopped_random_sweep_resumes_without_running_finished_trials_again(make_config, spawn):
     config = make_config(**{**TINY, "trainer.epochs": 3, "trainer.len_epoch": 30})
