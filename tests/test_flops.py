@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ROOT, run_main, shrink
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from base.checks import run_step
@@ -130,3 +132,74 @@ def test_the_recipes_network_does_the_work_its_docs_and_the_airbench_ratio_say()
         assert forwards[-1] == pytest.approx(layer_flops(model, images), rel=1e-6)
     assert [round(flops / 1e6) for flops in forwards] == [603, 236]
     assert forwards[0] / forwards[1] == pytest.approx(2.55, abs=0.005)
+
+
+# cuDNN's mode numbers for aten._cudnn_rnn (RNN with tanh, LSTM, GRU).
+CUDNN_MODES = {torch.nn.RNN: 1, torch.nn.LSTM: 2, torch.nn.GRU: 3}
+
+
+class CudnnRecurrent(torch.nn.Module):
+    """A recurrent layer run as a GPU runs it, one aten._cudnn_rnn call, here on meta tensors
+    (its shapes alone): what FlopCounterMode sees of nn.GRU and nn.LSTM on CUDA."""
+
+    def __init__(self, rnn: torch.nn.RNNBase) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        rnn, meta = self.rnn, torch.device("meta")
+        num_states = rnn.num_layers * (2 if rnn.bidirectional else 1)
+        batch = inputs.shape[0 if rnn.batch_first else 1]
+        hx = torch.zeros(num_states, batch, rnn.proj_size or rnn.hidden_size, device=meta)
+        lstm = isinstance(rnn, torch.nn.LSTM)
+        cx = torch.zeros(num_states, batch, rnn.hidden_size, device=meta) if lstm else None
+        torch.ops.aten._cudnn_rnn(
+            inputs.to(meta), [weight.to(meta) for weight in rnn._flat_weights],
+            (4 if rnn.bias else 2) + bool(rnn.proj_size), None, hx, cx, CUDNN_MODES[type(rnn)],
+            rnn.hidden_size, rnn.proj_size, rnn.num_layers, rnn.batch_first, 0.0, False,
+            rnn.bidirectional, [], None,
+        )  # fmt: skip
+        return inputs.sum(dim=-1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    kind=st.sampled_from([torch.nn.RNN, torch.nn.LSTM, torch.nn.GRU]),
+    num_layers=st.integers(1, 3), bidirectional=st.booleans(), batch_first=st.booleans(),
+    bias=st.booleans(), projected=st.booleans(), sizes=st.tuples(*[st.integers(1, 6)] * 4),
+)  # fmt: skip
+@example(kind=torch.nn.GRU, num_layers=1, bidirectional=False, batch_first=True, bias=True,
+         projected=False, sizes=(4, 6, 5, 3))  # fmt: skip
+def test_a_recurrent_layer_on_a_gpu_counts_the_flops_it_counts_on_the_cpu(
+    kind, num_layers, bidirectional, batch_first, bias, projected, sizes
+):
+    """On CUDA nn.GRU, LSTM and RNN are one cuDNN call, and on the CPU an LSTM is oneDNN's,
+    which FlopCounterMode has no formula for: the step counted 0 FLOPs for them (a
+    recurrent model's FLOP/s and MFU on a GPU were its head's alone). Now both count what the
+    per-step matmuls torch runs without oneDNN count."""
+    batch, steps, input_size, hidden_size = sizes
+    projection = {"proj_size": hidden_size - 1} if kind is torch.nn.LSTM and projected else {}
+    if projection.get("proj_size") == 0:
+        projection = {}
+    rnn = kind(input_size, hidden_size, num_layers=num_layers, bias=bias,
+               batch_first=batch_first, bidirectional=bidirectional, **projection)  # fmt: skip
+    inputs = torch.randn(*((batch, steps) if batch_first else (steps, batch)), input_size)
+    with (
+        torch.no_grad(),
+        torch.backends.mkldnn.flags(enabled=False),
+        FlopCounterMode(display=False) as counter,
+    ):
+        rnn(inputs)  # the matmuls of every step, in torch's own loop
+    for model in (CudnnRecurrent(rnn), rnn):  # as on a GPU; on the CPU, an LSTM by oneDNN
+        trainer = SimpleNamespace(
+            device=torch.device("cpu"), model=model, options={"channels_last": False},
+            amp_dtype=None, metric_fns={},
+        )  # fmt: skip
+
+        def step(pair: tuple, model: torch.nn.Module = model) -> StepOutput:
+            output = model(pair[0])
+            output = output[0] if isinstance(output, tuple) else output
+            return StepOutput(loss=output.sum(), output=output, target=pair[1], batch_size=batch)
+
+        flops = run_step(trainer, (inputs, torch.zeros(batch)), "batch 1", step)
+        assert flops * batch == 3 * counter.get_total_flops() > 0, type(model).__name__
