@@ -1,11 +1,13 @@
 """trainer.profile: torch.profiler over a window of the run's first training batches (skip
 `wait`, warm up `warmup`, record `active`), on rank 0 unless trainer.profile_all_ranks. It writes
 a trace (Perfetto or chrome://tracing open it) and a table of the operators that took the most
-time, in the run's log folder, and logs the table. Off, it changes nothing: the batches are the
-loader's own iterator, no profiler exists."""
+time, in the run's log folder (a resumed part of the run in a folder of its own), and logs the
+table. Off, it changes nothing: the batches are the loader's own iterator, no profiler exists."""
 
 import contextlib
+import itertools
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -25,7 +27,7 @@ def profiling(trainer: "BaseTrainer") -> Iterator[None]:
         yield
         return
     wait, warmup, active = options["profile"]
-    out = trainer.config.log_dir / ("profile" if rank == 0 else f"profile-rank{rank}")
+    out = fresh_folder(trainer.config.log_dir / ("profile" if rank == 0 else f"profile-rank{rank}"))
     cuda, first = trainer.device.type == "cuda", wait + warmup + 1
     saved = []
 
@@ -63,6 +65,13 @@ def profiling(trainer: "BaseTrainer") -> Iterator[None]:
             "on: no profile written; lower wait and warmup", [wait, warmup, active],
             profiler.step_num, first,
         )  # fmt: skip
+
+
+def fresh_folder(path: Path) -> Path:
+    """`path`, or `<path>-2`, `-3`...: the first that does not exist. A resume logs into the same
+    log folder, and its part's profile replaced the one the run's first part wrote."""
+    names = (path.name if number == 1 else f"{path.name}-{number}" for number in itertools.count(1))
+    return next(path.with_name(name) for name in names if not path.with_name(name).exists())
 
 
 def profiled(profiler: torch.profiler.profile | None, batches: Iterable[Item]) -> Iterable[Item]:

@@ -95,3 +95,29 @@ def test_the_profile_names_the_batches_it_recorded_or_warns_it_recorded_none(
             assert written and kind == "info"
             assert text.startswith(f"Profile of training batches {first}-{last}")
             assert ("ended inside the window" in text) == (last < first + active - 1)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 2))
+@example(num_parts=2, rank=0)  # the resumed part's profile replaced the first part's
+def test_a_resumed_part_profiles_into_a_folder_of_its_own(num_parts, rank):
+    """A resume logs into the run's log folder again: each part's profile (of its own first
+    batches) is kept in its own folder, each rank's apart, and no earlier file changes."""
+    with tempfile.TemporaryDirectory() as folder:
+        log_dir, written = Path(folder), {}
+        for _ in range(num_parts):
+            trainer = SimpleNamespace(
+                options={"profile": [0, 0, 1], "profile_all_ranks": True}, rank=rank,
+                config=SimpleNamespace(log_dir=log_dir), device=torch.device("cpu"),
+                logger=SimpleNamespace(info=lambda *args: None, warning=lambda *args: None),
+                profiler=None,
+            )  # fmt: skip
+            with profiling(trainer):
+                for _ in profiled(trainer.profiler, range(2)):
+                    torch.ones(4).sum()
+            for path, content in written.items():
+                assert path.read_bytes() == content, path
+            written = {path: path.read_bytes() for path in log_dir.rglob("*") if path.is_file()}
+        folders = {path.parent.name for path in written}
+        base = "profile" if rank == 0 else f"profile-rank{rank}"
+        assert folders == {base, *(f"{base}-{number}" for number in range(2, num_parts + 1))}
