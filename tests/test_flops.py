@@ -20,6 +20,7 @@ from model.fast_cifar import FastCifarCNN
 from model.model import CifarCNN
 from utils.evaluation.metric_sums import StepOutput
 from utils.state.checkpoint import load_checkpoint
+from utils.timing import peak_flops
 
 
 def layer_flops(model: torch.nn.Module, images: torch.Tensor) -> float:
@@ -203,3 +204,26 @@ def test_a_recurrent_layer_on_a_gpu_counts_the_flops_it_counts_on_the_cpu(
 
         flops = run_step(trainer, (inputs, torch.zeros(batch)), "batch 1", step)
         assert flops * batch == 3 * counter.get_total_flops() > 0, type(model).__name__
+
+
+# Device names as torch.cuda.get_device_name reports them, and their dense bf16 peaks.
+REPORTED_NAMES = {
+    "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12, "NVIDIA GH200 480GB": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA L4": 121e12, "NVIDIA L40S": 362e12,
+    "NVIDIA L40": 181e12,
+}  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    name=st.sampled_from(sorted(REPORTED_NAMES)),
+    suffix=st.sampled_from(["", " 80GB HBM3", "-SXM4-80GB", " (rev a1)"]),
+)
+@example(name="NVIDIA L40S", suffix="")  # took the L4's peak: MFU three times too high
+def test_a_gpu_is_measured_against_its_own_peak_not_one_whose_name_is_in_its_name(name, suffix):
+    """ "L4" is in "NVIDIA L40S" and "H100" in "NVIDIA H100 NVL": the first key found inside the
+    device's name decided, and an L40S's MFU was against the L4's peak. Whole names decide."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "get_device_name", lambda device=None: name + suffix)
+        assert peak_flops(torch.device("cuda", 0), "bf16") == REPORTED_NAMES[name]

@@ -1,5 +1,6 @@
 """Honest timing: GPU work measured with CUDA events, the input pipeline's share measured apart."""
 
+import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
@@ -58,13 +59,19 @@ class DataWait:
 
 
 # Dense peak FLOP/s (no sparsity) of common GPUs by compute precision, from the vendors'
-# datasheets: what model FLOP utilisation (MFU) is measured against. The first name the
-# device's name contains decides (the PCIe H100 before the SXM one).
+# datasheets: what model FLOP utilisation (MFU) is measured against. The first name that the
+# device's name holds as whole words decides (the PCIe and NVL H100 before the SXM one; "L4" is
+# not the L40S, whose peak is three times the L4's, nor "H200" the GH200).
 PEAK_FLOPS = {
     "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "fp32": 60e12},
+    "H200 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "fp32": 60e12},
     "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
     "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "GH200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
+    "L40": {"bf16": 181e12, "fp16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12},
     "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30e12},
     "V100": {"fp16": 125e12, "fp32": 15.7e12},
 }
@@ -82,5 +89,9 @@ def peak_flops(device: torch.device, compute: str) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    peaks = next((peaks for key, peaks in PEAK_FLOPS.items() if key in name), {})
+    # Whole words: "NVIDIA L40S" holds "L4" as a substring, and "NVIDIA GH200" "H200".
+    peaks = next(
+        (peaks for key, peaks in PEAK_FLOPS.items() if re.search(rf"\b{re.escape(key)}\b", name)),
+        {},
+    )
     return peaks.get(compute)
