@@ -227,3 +227,16 @@ def test_a_gpu_is_measured_against_its_own_peak_not_one_whose_name_is_in_its_nam
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "get_device_name", lambda device=None: name + suffix)
         assert peak_flops(torch.device("cuda", 0), "bf16") == REPORTED_NAMES[name]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    name=st.sampled_from(sorted(REPORTED_NAMES)), profile=st.sampled_from(["1g.10gb", "3g.40gb"])
+)
+@example(name="NVIDIA H100 80GB HBM3", profile="1g.10gb")  # MFU against 7 times its peak
+def test_a_mig_slice_has_no_mfu_rather_than_one_against_the_whole_gpus_peak(name, profile):
+    """A MIG slice computes with a share of the GPU's SMs: its MFU against the whole GPU's peak
+    was too low by that share, silently. Its peak is not known: no time/mfu."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "get_device_name", lambda device=None: f"{name} MIG {profile}")
+        assert peak_flops(torch.device("cuda", 0), "bf16") is None

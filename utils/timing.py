@@ -85,10 +85,13 @@ def precision(options: dict) -> str:
 
 
 def peak_flops(device: torch.device, compute: str) -> float | None:
-    """The device's dense peak FLOP/s in that precision; None where it is not in PEAK_FLOPS."""
+    """The device's dense peak FLOP/s in that precision; None where it is not in PEAK_FLOPS, and
+    on a MIG slice, which has a share of the whole GPU's peak."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
+    if re.search(r"\bMIG\b", name):  # "NVIDIA H100 80GB HBM3 MIG 1g.10gb": a slice of its SMs
+        return None
     # Whole words: "NVIDIA L40S" holds "L4" as a substring, and "NVIDIA GH200" "H200".
     peaks = next(
         (peaks for key, peaks in PEAK_FLOPS.items() if re.search(rf"\b{re.escape(key)}\b", name)),
