@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from base.evaluation import averaged_over_views
 from utils import unwrap_model
@@ -146,6 +146,7 @@ def run_step(trainer: "BaseTrainer", batch: Any, where: str, step: Callable) -> 
             moved = to_device(batch, device, trainer.options["channels_last"])
             with (
                 torch.autocast(device.type, trainer.amp_dtype, trainer.amp_dtype is not None),
+                training_attention(),
                 FlopCounterMode(display=False, custom_mapping=UNCOUNTED_OPS) as counter,
             ):
                 model_flops, result = forward_flops(trainer.model, counter, step, moved)
@@ -156,6 +157,19 @@ def run_step(trainer: "BaseTrainer", batch: Any, where: str, step: Callable) -> 
         raise DataError(
             f"{where} does not fit the model, the loss or the metrics: {describe_error(error)}"
         ) from None
+
+
+@contextlib.contextmanager
+def training_attention() -> Iterator[None]:
+    """nn.MultiheadAttention and nn.TransformerEncoder(Layer) as training runs them. In evaluation
+    mode without gradients they take a fused fast path FlopCounterMode has no formula for: the
+    count missed their attention (a ViT's) or the whole layer (an encoder counted 0 FLOPs)."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 def cudnn_rnn_flops(
@@ -179,11 +193,24 @@ def recurrent_flops(input_shape: torch.Size, matrix_shapes: list[torch.Size]) ->
     return 2 * num_tokens * sum(math.prod(shape) for shape in matrix_shapes)
 
 
-# Fused recurrent kernels FlopCounterMode has no formula for, and counted as 0 FLOPs: a GRU on
-# CUDA, an LSTM on either device, left time/flops_per_second and time/mfu at the rest's alone.
+def cpu_attention_flops(
+    query_shape: torch.Size,
+    key_shape: torch.Size,
+    value_shape: torch.Size,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
+    """aten._scaled_dot_product_flash_attention_for_cpu: scaled_dot_product_attention on the CPU,
+    counted as torch counts its GPU kernels (query @ key.T, then @ value)."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# Fused kernels FlopCounterMode has no formula for, and counted as 0 FLOPs: a GRU on CUDA, an
+# LSTM or attention on the CPU left time/flops_per_second and time/mfu at the rest's alone.
 UNCOUNTED_OPS = {
     torch.ops.aten._cudnn_rnn: cudnn_rnn_flops,
     torch.ops.aten.mkldnn_rnn_layer: onednn_rnn_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_attention_flops,
 }
 
 

@@ -9,10 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import ROOT, run_main, shrink
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
+from torchvision.models import VisionTransformer
 
 from base.checks import run_step
 from base.intervals import epoch_speed
@@ -240,3 +243,88 @@ def test_a_mig_slice_has_no_mfu_rather_than_one_against_the_whole_gpus_peak(name
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "get_device_name", lambda device=None: f"{name} MIG {profile}")
         assert peak_flops(torch.device("cuda", 0), "bf16") is None
+
+
+def counted_flops(model: torch.nn.Module, inputs: torch.Tensor) -> float:
+    """The training FLOPs per sample run_step counts of a step that is the model's forward."""
+    trainer = SimpleNamespace(
+        device=torch.device("cpu"), model=model, options={"channels_last": False},
+        amp_dtype=None, metric_fns={},
+    )  # fmt: skip
+
+    def step(pair: tuple) -> StepOutput:
+        output = model(pair[0])
+        return StepOutput(loss=output.sum(), output=output, target=pair[1])
+
+    return run_step(trainer, (inputs, torch.zeros(len(inputs))), "batch 1", step)
+
+
+def training_forward_flops(model: torch.nn.Module, inputs: torch.Tensor) -> float:
+    """FlopCounterMode's count of the forward per sample as training runs it (with gradients),
+    attention by torch's math kernel: matmuls FlopCounterMode counts one by one."""
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model.train()(inputs)
+    return counter.get_total_flops() / len(inputs)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    num_layers=st.integers(1, 2), num_heads=st.integers(1, 3), head_size=st.integers(1, 4),
+    norm_first=st.booleans(), batch=st.integers(1, 3), length=st.integers(1, 5),
+)  # fmt: skip
+@example(num_layers=2, num_heads=2, head_size=4, norm_first=False, batch=2, length=5)
+def test_an_encoder_counts_the_flops_training_runs_not_its_fused_evaluation_path(
+    num_layers, num_heads, head_size, norm_first, batch, length
+):
+    """The count runs the step in evaluation mode without gradients, where nn.TransformerEncoder
+    takes a fused fast path FlopCounterMode cannot see into: it counted 0 FLOPs. The count is
+    now three times the forward training runs."""
+    width = num_heads * head_size
+    layer = torch.nn.TransformerEncoderLayer(
+        width, num_heads, 2 * width, batch_first=True, norm_first=norm_first
+    )
+    model = torch.nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+    inputs = torch.randn(batch, length, width)
+    expected = 3 * training_forward_flops(model, inputs)
+    assert counted_flops(model, inputs) == pytest.approx(expected) and expected > 0
+    assert torch.backends.mha.get_fastpath_enabled()  # left as it was
+
+
+def test_a_vision_transformer_counts_its_attention():
+    """torchvision's ViT (its nn.MultiheadAttention's fused path in evaluation) counted 63 % of
+    its training forward: the attention's projections were missing, and on the CPU its
+    scaled_dot_product_attention too."""
+    model = VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64
+    )
+    inputs = torch.randn(2, 3, 32, 32)
+    expected = 3 * training_forward_flops(model, inputs)
+    assert counted_flops(model, inputs) == pytest.approx(expected)
+
+
+class Attention(torch.nn.Module):
+    """Projections and scaled_dot_product_attention, as a model written by hand calls it."""
+
+    def __init__(self, width: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.qkv = num_heads, torch.nn.Linear(width, 3 * width)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        batch, length = inputs.shape[:2]  # inputs (B, L, D)
+        heads = self.qkv(inputs).view(batch, length, 3, self.num_heads, -1).transpose(1, 3)
+        query, key, value = heads.unbind(2)  # each (B, heads, L, D / heads)
+        return F.scaled_dot_product_attention(query, key, value).transpose(1, 2).flatten(2)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    num_heads=st.integers(1, 3), head_size=st.integers(1, 8), batch=st.integers(1, 3),
+    length=st.integers(1, 9),
+)  # fmt: skip
+@example(num_heads=2, head_size=4, batch=2, length=5)
+def test_attention_on_the_cpu_counts_its_matmuls(num_heads, head_size, batch, length):
+    """scaled_dot_product_attention runs one fused CPU kernel FlopCounterMode had no formula for
+    (0 FLOPs); it counts what torch's math kernel's matmuls count."""
+    model = Attention(num_heads * head_size, num_heads)
+    inputs = torch.randn(batch, length, num_heads * head_size)
+    assert counted_flops(model, inputs) == pytest.approx(3 * training_forward_flops(model, inputs))
