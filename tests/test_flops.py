@@ -20,7 +20,8 @@ from torchvision.models import VisionTransformer
 from base.checks import run_step
 from base.intervals import epoch_speed
 from model.fast_cifar import FastCifarCNN
-from model.model import CifarCNN
+from model.model import CifarCNN, DenoisingCNN, TabularMLP
+from model.torchvision_model import TorchvisionModel
 from utils.evaluation.metric_sums import StepOutput
 from utils.state.checkpoint import load_checkpoint
 from utils.timing import peak_flops
@@ -327,4 +328,42 @@ def test_attention_on_the_cpu_counts_its_matmuls(num_heads, head_size, batch, le
     (0 FLOPs); it counts what torch's math kernel's matmuls count."""
     model = Attention(num_heads * head_size, num_heads)
     inputs = torch.randn(batch, length, num_heads * head_size)
+    assert counted_flops(model, inputs) == pytest.approx(3 * training_forward_flops(model, inputs))
+
+
+# The project's models and a few torchvision ones (through TorchvisionModel), small: (model,
+# one input batch).
+MODELS = {
+    "CifarCNN": lambda: (CifarCNN(widths=[8, 16, 32]), torch.randn(2, 3, 32, 32)),
+    "FastCifarCNN": lambda: (FastCifarCNN(widths=[8, 16, 16]), torch.randn(2, 3, 32, 32)),
+    "DenoisingCNN": lambda: (DenoisingCNN(width=8, depth=2), torch.randn(2, 3, 16, 16)),
+    "TabularMLP": lambda: (
+        TabularMLP(in_features=7, hidden=[16], num_classes=3),
+        torch.randn(4, 7),
+    ),
+    "resnet18": lambda: (TorchvisionModel("resnet18", num_classes=5), torch.randn(2, 3, 32, 32)),
+    "mobilenet_v3_small": lambda: (
+        TorchvisionModel("mobilenet_v3_small", num_classes=5),
+        torch.randn(2, 3, 32, 32),
+    ),
+    "vit": lambda: (
+        VisionTransformer(
+            image_size=32,
+            patch_size=16,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=16,
+            mlp_dim=32,
+            num_classes=5,
+        ),
+        torch.randn(2, 3, 32, 32),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_models_count_is_three_times_the_forward_training_runs(name):
+    """The FLOPs a sample run_step counts (in evaluation mode, without gradients) equal three
+    times FlopCounterMode's count of the forward as training runs it, for each model."""
+    model, inputs = MODELS[name]()
     assert counted_flops(model, inputs) == pytest.approx(3 * training_forward_flops(model, inputs))
