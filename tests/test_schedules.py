@@ -8,6 +8,7 @@ import itertools
 import json
 import logging
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from parse_config import ConfigParser
 from utils import UserError
 from utils.distributed.process_group import ProcessInfo
 from utils.optim.schedule import build_scheduler, step_scheduler
+from utils.state.optimizer_state import schedule_position
 
 # Schedules whose length the run sets (left out of args), and where each one ends: at 0.
 SCHEDULES = {
@@ -269,6 +271,59 @@ def test_a_skipped_batch_that_ends_its_group_takes_no_step_and_the_schedule_wait
         assert trainer.global_step == trainer.lr_scheduler.last_epoch == num_steps
         assert int(trainer.ema.n_averaged) == num_steps
         assert all(torch.isfinite(param).all() for param in trainer.model.parameters())
+
+    check()
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_an_epoch_schedule_follows_the_epochs_also_one_whose_batches_were_all_skipped(
+    num_examples, tmp_path
+):
+    """trainer.nonfinite "skip" with interval "epoch": the schedule steps at every epoch's end,
+    also after an epoch that took no optimizer step (its batches all dropped), without torch's
+    "lr_scheduler.step() before optimizer.step()" warning; each step taken has the rate torch's
+    scheduler gives for its epoch, and a resume, which steps a rebuilt schedule to the epochs
+    done, stands where the uninterrupted run's schedule stands."""
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        num_batches=st.integers(1, 3),
+        skipped_epochs=st.sets(st.integers(0, 2), min_size=1, max_size=2),
+        warmup=st.integers(0, 1),
+    )
+    def check(num_batches: int, skipped_epochs: set[int], warmup: int) -> None:
+        epochs = 3
+        schedule = {
+            "type": "CosineAnnealingLR", "args": {}, "interval": "epoch",
+            "warmup_epochs": warmup, "warmup_start_factor": 0.1,
+        }  # fmt: skip
+        save_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        config = ConfigParser(
+            tiny_run(
+                save_dir, num_batches=num_batches, schedule=schedule, epochs=epochs,
+                nonfinite="skip", max_skipped_steps=12,
+            ),
+            source="t.json",
+        )  # fmt: skip
+        nan = {
+            e * num_batches + b: float("nan") for e in skipped_epochs for b in range(num_batches)
+        }
+        trainer = trainer_scaling_losses(config, nan)
+        rates: list[float] = []
+        trainer.optimizer.register_step_pre_hook(
+            lambda optimizer, args, kwargs: rates.append(optimizer.param_groups[0]["lr"])
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # before: step() before optimizer.step()
+            trainer.fit()
+        lr = config["optimizer"]["args"]["lr"]
+        expected, end = by_hand(
+            "CosineAnnealingLR", {}, num_steps=epochs, warmup=warmup, start_factor=0.1, lr=lr
+        )
+        taken = [e for e in range(epochs) if e not in skipped_epochs for _ in range(num_batches)]
+        assert rates == pytest.approx([expected[e] for e in taken], rel=1e-12, abs=1e-15)
+        assert trainer.lr_scheduler.last_epoch == epochs == schedule_position(trainer)
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(end, abs=1e-15)
 
     check()
 

@@ -170,14 +170,21 @@ def step_scheduler(
 ) -> None:
     """Step an epoch-interval learning-rate schedule after an epoch (per-step ones step in the
     loop). ReduceLROnPlateau is given the monitored value; without a monitor it watches val/loss,
-    or train/loss when there is no validation data."""
+    or train/loss when there is no validation data.
+
+    It follows the epochs: it steps also after an epoch whose batches trainer.nonfinite "skip"
+    all dropped, as a resume steps a rebuilt schedule to the epochs done."""
     if scheduler is None or per_batch:
         return
-    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        key = monitor_key or ("val/loss" if "val/loss" in metrics else "train/loss")
-        scheduler.step(metrics[key])
-    else:
-        scheduler.step()
+    with warnings.catch_warnings():
+        # After a first epoch that took no optimizer step, torch warns that the schedule's first
+        # rate is skipped; it is not: that epoch had it, the next one has the schedule's second.
+        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler.step\(\)` before")
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            key = monitor_key or ("val/loss" if "val/loss" in metrics else "train/loss")
+            scheduler.step(metrics[key])
+        else:
+            scheduler.step()
 
 
 def schedule_signature(
