@@ -8,6 +8,7 @@ import itertools
 import json
 import logging
 import math
+import types
 import warnings
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from logger import Loggers
 from parse_config import ConfigParser
 from utils import UserError
 from utils.distributed.process_group import ProcessInfo
-from utils.optim.schedule import build_scheduler, step_scheduler
-from utils.state.optimizer_state import schedule_position
+from utils.optim.schedule import build_scheduler, schedule_signature, step_scheduler
+from utils.state.optimizer_state import restore_schedule, schedule_position
+from utils.state.training_state import TrainingState
 
 # Schedules whose length the run sets (left out of args), and where each one ends: at 0.
 SCHEDULES = {
@@ -437,6 +439,99 @@ def test_a_step_grad_scaler_skips_moves_the_schedule_on_and_is_not_counted(tmp_p
     assert num_skipped >= 1 and len(taken) == 4 - num_skipped
     assert trainer.global_step == trainer.lr_scheduler.last_epoch == 4
     assert int(trainer.ema.n_averaged) == 4 and trainer.state.num_skipped_steps == 0
+
+
+# Every kind of positional schedule, with args that need no run length (those that do get it
+# from the run), each ending within a few steps.
+RESUMABLE = {
+    "CosineAnnealingLR": {},
+    "LinearLR": {"start_factor": 1.0, "end_factor": 0.0},
+    "PolynomialLR": {"power": 2.0},
+    "OneCycleLR": {"max_lr": 0.05},
+    "StepLR": {"step_size": 2, "gamma": 0.5},
+    "MultiStepLR": {"milestones": [1, 3], "gamma": 0.5},
+    "ExponentialLR": {"gamma": 0.8},
+    "CyclicLR": {"base_lr": 0.001, "max_lr": 0.01, "step_size_up": 2},
+    "CosineAnnealingWarmRestarts": {"T_0": 2},
+}
+
+
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_a_schedule_resumed_at_any_step_goes_on_as_the_uninterrupted_one(num_examples, tmp_path):
+    """Any schedule the config offers, per step or per epoch, with or without warmup: stopped
+    after any number of its steps and resumed (its state restored, or rebuilt from the config
+    and stepped to where the run stands, as restore_schedule does), every later rate equals
+    the uninterrupted schedule's, in every parameter group."""
+
+    @settings(max_examples=num_examples, deadline=None)
+    @given(
+        name=st.sampled_from(sorted(RESUMABLE)),
+        per_step=st.booleans(),
+        steps_per_epoch=st.integers(1, 3),
+        warmup=st.integers(0, 2),
+        resume_at=st.integers(0, 6),
+        exact=st.booleans(),
+    )
+    def check(
+        name: str, per_step: bool, steps_per_epoch: int, warmup: int, resume_at: int, exact: bool
+    ) -> None:
+        epochs = 3
+        length = epochs * steps_per_epoch if per_step else epochs
+        warmup, resume_at = min(warmup, length - 1), min(resume_at, length - 1)
+        schedule = {
+            "type": name, "args": RESUMABLE[name], "interval": "step" if per_step else "epoch",
+            "warmup_steps" if per_step else "warmup_epochs": warmup, "warmup_start_factor": 0.1,
+        }  # fmt: skip
+        config = ConfigParser(
+            tiny_run(tmp_path, num_batches=steps_per_epoch, schedule=schedule, epochs=epochs),
+            source="t.json",
+        )
+
+        def new_optimizer() -> torch.optim.Optimizer:
+            groups = [{"params": [torch.zeros(1)]}, {"params": [torch.zeros(1)], "lr": 0.02}]
+            return torch.optim.SGD(groups, lr=0.01, momentum=0.9)  # CyclicLR cycles momentum
+
+        def rates(optimizer: torch.optim.Optimizer, scheduler: object, num_steps: int) -> list:
+            seen = []
+            for _ in range(num_steps):
+                seen.extend(group["lr"] for group in optimizer.param_groups)
+                optimizer.step()
+                scheduler.step()  # after each optimizer step, or each epoch of them
+            return seen
+
+        optimizer = new_optimizer()
+        scheduler = build_scheduler(config, optimizer, steps_per_epoch)
+        signature = schedule_signature(config, optimizer, steps_per_epoch)
+        whole = rates(optimizer, scheduler, length)
+
+        optimizer = new_optimizer()
+        scheduler = build_scheduler(config, optimizer, steps_per_epoch)
+        before = rates(optimizer, scheduler, resume_at)
+        saved = {"schedule": signature, "lr_scheduler": scheduler.state_dict()}
+        optimizer_state = optimizer.state_dict()
+        # The resumed run, in the trainer's order: a new optimizer and schedule, then the
+        # checkpoint's optimizer hyperparameters (exact; else the config's: the schedule is
+        # rebuilt), then the schedule's state.
+        optimizer = new_optimizer()
+        scheduler = build_scheduler(config, optimizer, steps_per_epoch)
+        if exact:
+            optimizer.load_state_dict(optimizer_state)
+        trainer = types.SimpleNamespace(
+            lr_scheduler=scheduler,
+            logger=logging.getLogger("t"), config=config, optimizer=optimizer, epochs=epochs,
+            steps_per_epoch=steps_per_epoch, lr_scale=1.0, step_per_batch=per_step,
+            schedule_signature=schedule_signature(config, optimizer, steps_per_epoch),
+            state=TrainingState(
+                epoch=resume_at // steps_per_epoch if per_step else resume_at,
+                global_step=resume_at if per_step else resume_at * steps_per_epoch,
+            ),
+            start_epoch=(resume_at // steps_per_epoch if per_step else resume_at) + 1,
+        )  # fmt: skip
+        restore_schedule(trainer, saved, {}, hyperparameters_restored=exact)
+        after = rates(optimizer, trainer.lr_scheduler, length - resume_at)
+        assert before + after == pytest.approx(whole, rel=1e-12, abs=1e-15)
+
+    check()
 
 
 PLATEAU = {"type": "ReduceLROnPlateau", "args": {"patience": 1, "factor": 0.5}}
