@@ -2,6 +2,7 @@
 parameter in exactly one group, each with the learning rate and weight decay the config says,
 whatever the layers call their parameters, whatever is frozen or tied."""
 
+import functools
 import json
 import re
 
@@ -289,3 +290,89 @@ def test_the_hint_of_a_prefix_that_matches_nothing_names_every_name_of_a_tied_we
         model.freeze(["layers.head"])
     with pytest.raises(ConfigError, match=re.escape(hint)):
         parameter_groups(model, [{"params": "layers.head", "lr": 0.1}], "t.json")
+
+
+@functools.cache
+def real_model(name: str) -> nn.Module:
+    """One of the project's models or a torchvision classifier, small (built once: the tests
+    only change requires_grad)."""
+    from torchvision import models
+
+    from model.fast_cifar import FastCifarCNN
+    from model.model import CifarCNN, DenoisingCNN, TabularMLP
+
+    return {
+        "CifarCNN": lambda: CifarCNN(widths=[4, 8]),
+        "DenoisingCNN": lambda: DenoisingCNN(width=4, depth=2),
+        "TabularMLP": lambda: TabularMLP(in_features=5, hidden=[4], num_classes=3),
+        "FastCifarCNN": lambda: FastCifarCNN(widths=[4, 8, 8]),
+        "resnet18": lambda: models.resnet18(num_classes=3),
+        "mobilenet_v3_small": lambda: models.mobilenet_v3_small(num_classes=3),
+        "convnext_tiny": lambda: models.convnext_tiny(num_classes=3),  # LayerNorm2d
+        "VisionTransformer": lambda: models.VisionTransformer(
+            image_size=16,
+            patch_size=8,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=8,
+            mlp_dim=8,
+            num_classes=3,
+        ),  # class token and position embedding: parameters of no layer
+    }[name]()
+
+
+REAL_MODELS = [
+    "CifarCNN", "DenoisingCNN", "TabularMLP", "FastCifarCNN", "resnet18", "mobilenet_v3_small",
+    "convnext_tiny", "VisionTransformer",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+@pytest.mark.parametrize("num_examples", NUM_EXAMPLES)
+def test_the_split_of_real_models_follows_the_documented_rule(num_examples, name, tmp_path):
+    """The project's models and torchvision classifiers, some parameters frozen, a "matrix"
+    group on another algorithm and norm_bias_weight_decay: every trainable parameter in exactly
+    one group, a frozen one in none; the matrices (two or more dimensions outside normalisation
+    layers, not biases) at the group's rate, the rest at args'; normalisation layers and biases
+    at norm_bias_weight_decay; the same order of parameters at each build (what a resume's
+    optimizer state is indexed by)."""
+    pytest.importorskip("torchvision")
+    config = shrink(json.loads((ROOT / "configs/demo.json").read_text()), tmp_path)
+    other = "Muon" if hasattr(torch.optim, "Muon") else "Adam"
+    config["optimizer"] = {
+        "type": "SGD", "args": {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.5},
+        "param_groups": [{"kind": "matrix", "optimizer": other, "lr": 0.02, "weight_decay": 0.25}],
+        "norm_bias_weight_decay": 0.0,
+    }  # fmt: skip
+    parsed = ConfigParser(config, source="t.json")
+
+    @settings(max_examples=max(num_examples // 5, 1), deadline=None)
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        model = real_model(name)
+        exempt, matrices = is_norm_or_bias(model), set()
+        for module in model.modules():
+            for part, param in module.named_parameters(recurse=False):
+                if param.dim() >= 2 and not isinstance(module, NORM_LAYERS) and "bias" not in part:
+                    matrices.add(id(param))
+        params = list(model.parameters())
+        frozen = data.draw(st.sets(st.integers(0, len(params) - 1), max_size=5), label="frozen")
+        for index, param in enumerate(params):
+            param.requires_grad_(index not in frozen)
+        next(p for p in params if id(p) in matrices).requires_grad_(True)  # the group's one
+        optimizer = build_optimizer(parsed, model, torch.device("cpu"))
+        placed = []
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                placed.append(id(param))
+                ours = id(param) in matrices
+                assert group["lr"] == (0.02 if ours else 0.1)
+                decay = 0.0 if id(param) in exempt else 0.25 if ours else 0.5
+                assert group["weight_decay"] == decay
+        assert sorted(placed) == sorted(id(param) for param in params if param.requires_grad)
+        again = build_optimizer(parsed, model, torch.device("cpu"))
+        assert [list(map(id, group["params"])) for group in again.param_groups] == [
+            list(map(id, group["params"])) for group in optimizer.param_groups
+        ]
+
+    check()
