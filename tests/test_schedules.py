@@ -534,6 +534,30 @@ def test_a_schedule_resumed_at_any_step_goes_on_as_the_uninterrupted_one(num_exa
     check()
 
 
+@pytest.mark.parametrize("name", schedulers.__all__)
+def test_every_torch_schedule_builds_from_a_config_or_is_refused_in_one_line(name, tmp_path):
+    """Each lr_scheduler.type torch offers, its required args filled in where a config can give
+    them: it builds, or it is refused in one line naming lr_scheduler.type (never a traceback,
+    nor a hint to add an argument a JSON config cannot hold: schedulers or a function)."""
+    required = {
+        "StepLR": {"step_size": 2}, "MultiStepLR": {"milestones": [1]},
+        "OneCycleLR": {"max_lr": 0.1}, "CyclicLR": {"base_lr": 0.01, "max_lr": 0.1},
+        "CosineAnnealingWarmRestarts": {"T_0": 2}, "ExponentialLR": {"gamma": 0.9},
+    }  # fmt: skip
+    schedule = {"type": name, "args": required.get(name, {})}
+    config = ConfigParser(tiny_run(tmp_path, num_batches=2, schedule=schedule), source="t.json")
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9)
+    try:
+        built = build_scheduler(config, optimizer, steps_per_epoch=2)
+    except UserError as error:
+        assert str(error).startswith("t.json: lr_scheduler.type: ") and "\n" not in str(error)
+        assert name in {"LRScheduler", "SequentialLR", "ChainedScheduler", "LambdaLR",
+                        "MultiplicativeLR"}  # fmt: skip
+        return
+    assert isinstance(built, schedulers.LRScheduler | schedulers.ReduceLROnPlateau)
+    step_scheduler(built, {"val/loss": 1.0}, "", per_batch=False)
+
+
 PLATEAU = {"type": "ReduceLROnPlateau", "args": {"patience": 1, "factor": 0.5}}
 
 

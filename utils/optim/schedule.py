@@ -25,6 +25,14 @@ LENGTH_ARGS = {
 # The learning rates a schedule sets itself, overriding the optimizer's: reference_batch_size
 # scales them as it scales the optimizer's (CyclicLR starts every group at base_lr).
 RATE_ARGS = {"OneCycleLR": ("max_lr",), "CyclicLR": ("base_lr", "max_lr")}
+# The names in torch.optim.lr_scheduler that a JSON config cannot build, and why.
+NOT_FROM_CONFIG = {
+    "LRScheduler": "is the base class of torch's schedules, not one",
+    "LambdaLR": "takes a Python function (lr_lambda), which a config cannot hold",
+    "MultiplicativeLR": "takes a Python function (lr_lambda), which a config cannot hold",
+    "SequentialLR": "takes other schedulers, which a config cannot hold",
+    "ChainedScheduler": "takes other schedulers, which a config cannot hold",
+}
 # The keys of lr_scheduler that shape a schedule (a resume compares them).
 SHAPE_KEYS = ("type", "args", "interval", "warmup_epochs", "warmup_steps", "warmup_start_factor")
 
@@ -114,6 +122,12 @@ def build_scheduler(
     section = config["lr_scheduler"]
     if section is None:
         return None
+    if section["type"] in NOT_FROM_CONFIG:  # else a traceback, or a hint to add schedulers
+        raise UserError(
+            f"{config.source}: lr_scheduler.type: {section['type']} "
+            f"{NOT_FROM_CONFIG[section['type']]}; name a schedule (e.g. CosineAnnealingLR), "
+            "with warmup_epochs or warmup_steps for a warmup before it"
+        )
     length, warmup = schedule_length(config, steps_per_epoch)
     derived: dict[str, Any] = {}
     length_arg = LENGTH_ARGS.get(section["type"])
