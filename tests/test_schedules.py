@@ -17,6 +17,7 @@ import torch
 from conftest import NUM_EXAMPLES, ROOT, shrink
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 from torch.optim import lr_scheduler as schedulers
 
 import train
@@ -556,6 +557,56 @@ def test_every_torch_schedule_builds_from_a_config_or_is_refused_in_one_line(nam
         return
     assert isinstance(built, schedulers.LRScheduler | schedulers.ReduceLROnPlateau)
     step_scheduler(built, {"val/loss": 1.0}, "", per_batch=False)
+
+
+@pytest.mark.parametrize("schedule", ["OneCycleLR", "CyclicLR"])
+@pytest.mark.parametrize(
+    ("main", "other"),
+    [("SGD", "Muon"), ("AdamW", "Muon"), ("SGD", "Adam"), ("Adam", "SGD"), ("AdamW", "Adam"),
+     ("SGD", "RMSprop")],
+)  # fmt: skip
+def test_a_cycled_momentum_reaches_every_group_or_is_refused_in_one_line(
+    schedule, main, other, tmp_path
+):
+    """OneCycleLR and CyclicLR cycle the momentum (cycle_momentum, on by default) under the key
+    of optimizer.type's algorithm, "momentum" or "betas". A group stepped by another algorithm
+    (optimizer.param_groups[].optimizer) that lacks that key is refused in one line (before: a
+    KeyError traceback, or a key its algorithm ignores set silently); else every group starts
+    at the cycle's momentum under its own key, and with cycle_momentum false any mix builds."""
+    if other == "Muon" and not hasattr(torch.optim, "Muon"):
+        pytest.skip("torch.optim.Muon came with torch 2.9")
+    from utils.optim.optimizer import build_optimizer
+
+    args = {"OneCycleLR": {"max_lr": 0.1}, "CyclicLR": {"base_lr": 0.01, "max_lr": 0.1}}[schedule]
+    config = tiny_run(tmp_path, num_batches=2, schedule=None)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    config["optimizer"] = {
+        "type": main, "args": {"lr": 0.01, **({"momentum": 0.5} if main == "SGD" else {})},
+        "param_groups": [{"params": "1", "kind": "matrix", "optimizer": other, "lr": 0.02,
+                          **({"momentum": 0.5} if other in ("SGD", "RMSprop") else {})}],
+    }  # fmt: skip
+    for cycle in (True, False):
+        config["lr_scheduler"] = {
+            "type": schedule,
+            "args": {**args, "cycle_momentum": cycle},
+            "interval": "step",
+        }
+        parsed = ConfigParser(config, source="t.json")
+        optimizer = build_optimizer(parsed, model, torch.device("cpu"))
+        key = "betas" if "betas" in optimizer.defaults else "momentum"
+        if cycle and any(key not in group for group in optimizer.param_groups):
+            with pytest.raises(UserError) as refused:
+                build_scheduler(parsed, optimizer, steps_per_epoch=2)
+            assert str(refused.value).startswith("t.json: lr_scheduler.args.cycle_momentum: ")
+            assert "\n" not in str(refused.value)
+            continue
+        build_scheduler(parsed, optimizer, steps_per_epoch=2)
+        for group in optimizer.param_groups:
+            if cycle:
+                momentum = group["betas"][0] if key == "betas" else group["momentum"]
+                assert momentum == group["max_momentum"]  # both cycles start at their top
+            else:
+                assert "max_momentum" not in group
 
 
 PLATEAU = {"type": "ReduceLROnPlateau", "args": {"patience": 1, "factor": 0.5}}

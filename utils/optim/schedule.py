@@ -128,6 +128,7 @@ def build_scheduler(
             f"{NOT_FROM_CONFIG[section['type']]}; name a schedule (e.g. CosineAnnealingLR), "
             "with warmup_epochs or warmup_steps for a warmup before it"
         )
+    check_cycled_momentum(config, optimizer)
     length, warmup = schedule_length(config, steps_per_epoch)
     derived: dict[str, Any] = {}
     length_arg = LENGTH_ARGS.get(section["type"])
@@ -157,6 +158,25 @@ def build_scheduler(
         optimizer, start_factor=section["warmup_start_factor"], total_iters=warmup
     )
     return schedulers.SequentialLR(optimizer, [start, main], milestones=[warmup])
+
+
+def check_cycled_momentum(config: "ConfigParser", optimizer: torch.optim.Optimizer) -> None:
+    """OneCycleLR and CyclicLR cycle every group's momentum under optimizer.type's key, "betas"
+    (Adam's) or "momentum": a group of optimizer.param_groups stepped by an algorithm without
+    that key would be a KeyError inside torch, or get a key its algorithm ignores."""
+    section = config["lr_scheduler"]
+    cycles = section["type"] in ("OneCycleLR", "CyclicLR")
+    if not (cycles and section["args"].get("cycle_momentum", True)):
+        return
+    key = "betas" if "betas" in optimizer.defaults else "momentum"
+    if all(key in group for group in optimizer.param_groups):
+        return
+    raise UserError(
+        f"{config.source}: lr_scheduler.args.cycle_momentum: {section['type']} cycles the "
+        f"momentum of every parameter group as {config['optimizer']['type']}'s {key!r}, and a "
+        f"group of optimizer.param_groups steps with an algorithm that has no {key!r}; set "
+        '"cycle_momentum": false, or give every group one kind of momentum'
+    )
 
 
 def plateau_mode(config: "ConfigParser") -> dict[str, str]:
